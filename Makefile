@@ -1,0 +1,40 @@
+# rlcollect: every target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help install run test lint format bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' Makefile | sed 's/:.*## /\t/' | sort
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# the CPU build of torch first, so that the range in pyproject.toml installs nothing bigger
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv with rlcollect and its dev tools
+
+run: $(STAMP)  ## the headline job: 1e6 Pendulum frames into data/ (CPU)
+	$(BIN)/rlcollect run env=Pendulum total_frames=1e6 device=cpu overwrite=true
+
+test: $(STAMP)  ## run the test suite
+	$(BIN)/pytest -q
+
+lint: $(STAMP)  ## ruff lint + format check
+	$(BIN)/ruff check collect_cli tests benchmarks
+	$(BIN)/ruff format --check collect_cli tests benchmarks
+
+format: $(STAMP)  ## apply ruff fixes and formatting
+	$(BIN)/ruff check --fix collect_cli tests benchmarks
+	$(BIN)/ruff format collect_cli tests benchmarks
+
+bench: $(STAMP)  ## throughput benchmarks; appends to benchmarks/RESULTS.md
+	$(BIN)/python benchmarks/bench.py
+
+clean:  ## remove the venv and build artefacts
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from collect_cli.cli import main
+
+main()

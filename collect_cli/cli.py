@@ -1,0 +1,235 @@
+"""The ``rlcollect`` command line. The only module that prints.
+
+stdout carries results only (the run's JSON line, ``info`` output); progress,
+logs and errors go to stderr. Heavy imports (torch, hydra) happen inside commands
+so that ``--help`` and ``--version`` answer fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from collect_cli import __version__
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+app = typer.Typer(
+    name="rlcollect",
+    help="Collect RL rollouts into HDF5 or memory-mapped TensorDict datasets.",
+    add_completion=True,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def _err(message: str) -> None:
+    print(f"rlcollect: error: {message}", file=sys.stderr, flush=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"rlcollect {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Roll out a policy in RL environments and write the trajectories as a dataset."""
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from collect_cli import config
+    from collect_cli.errors import ConfigError
+
+    config.register()
+    try:
+        with initialize_config_dir(config_dir=str(config.conf_dir()), version_base=None):
+            return compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_hydra_message(exc)) from None
+
+
+def _hydra_message(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    cause = exc.__cause__
+    if cause is not None and str(cause).strip():
+        detail = str(cause).strip().splitlines()[0]
+        if lines and lines[0].startswith("Could not override"):
+            return f"{lines[0]} {detail}"
+        return detail
+    if not lines:
+        return type(exc).__name__
+    if lines[0].startswith("In 'config': Could not find") or "Available options" in str(exc):
+        options = [ln.removeprefix("Available options:").strip() for ln in lines[1:]]
+        choices = ", ".join(o for o in options if o)
+        return f"{lines[0]}; choose from: {choices}" if choices else lines[0]
+    return lines[0]
+
+
+_RUN_HELP = """Collect a dataset. Arguments are Hydra overrides (key=value).
+
+\b
+Groups:   env=Pendulum|CartPole|MountainCar|MountainCarContinuous|Acrobot|gym
+          policy=random|mlp   collector=sync   writer=hdf5|memmap   postproc=none
+Keys:     total_frames frames_per_batch device storing_device seed out overwrite
+          progress=auto|rich|plain|none debug env.id env.num_envs env.kwargs
+          policy.hidden policy.activation policy.checkpoint
+          writer.compression=none|gzip|lzf writer.chunk_frames
+\b
+Example:  rlcollect run env=CartPole total_frames=1e5 writer=memmap out=data/cartpole
+The last stdout line is a JSON summary. Exit codes: 0 done, 1 runtime failure,
+2 bad usage or config, 130 interrupted (dataset flushed).
+"""
+
+
+@app.command(
+    help=_RUN_HELP,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def run(ctx: typer.Context) -> None:
+    overrides = list(ctx.args)
+    debug = any(o.strip().lower() in ("debug=true", "debug=1", "debug=yes") for o in overrides)
+    raise typer.Exit(_guarded(lambda: _run(overrides), debug))
+
+
+def _run(overrides: list[str]) -> int:
+    from collect_cli import config
+    from collect_cli.progress import make_progress
+    from collect_cli.run import run as run_collection
+
+    settings = config.load(_compose(overrides))
+    logging.basicConfig(
+        level=logging.DEBUG if settings.debug else logging.WARNING,
+        format="rlcollect: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    progress = make_progress(settings.progress)
+    try:
+        result = run_collection(settings, progress)
+    finally:
+        progress.close()
+    print(json.dumps(result.as_dict()), flush=True)
+    return EXIT_INTERRUPTED if result.status == "interrupted" else EXIT_OK
+
+
+def _guarded(fn, debug: bool) -> int:
+    from collect_cli.errors import RlcollectError
+
+    try:
+        return fn()
+    except RlcollectError as exc:
+        if debug:
+            traceback.print_exc()
+        _err(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        _err(f"unexpected {type(exc).__name__}: {exc} (rerun with debug=true for a traceback)")
+        return EXIT_RUNTIME
+
+
+def _info_dict(path: Path) -> dict[str, Any]:
+    import numpy as np
+
+    from collect_cli.writers import open_dataset
+
+    ds = open_dataset(path)
+    meta = ds.meta
+    episodes = ds.episodes()
+    count = int(meta.get("episodes", len(episodes["traj_id"])))
+    complete = episodes["complete"][:count]
+    returns = episodes["return"][:count][complete]
+    stats = None
+    if len(returns):
+        stats = {
+            "mean": float(np.mean(returns)),
+            "std": float(np.std(returns)),
+            "min": float(np.min(returns)),
+            "max": float(np.max(returns)),
+        }
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return {
+        "path": str(path),
+        "backend": ds.backend,
+        "status": meta.get("status"),
+        "env_id": meta.get("env_id"),
+        "policy": meta.get("policy"),
+        "seed": meta.get("seed"),
+        "frames": meta.get("frames"),
+        "lanes": meta.get("lanes"),
+        "steps": meta.get("steps"),
+        "episodes": count,
+        "complete_episodes": int(complete.sum()),
+        "return": stats,
+        "keys": [{"key": k, "shape": list(s), "dtype": d} for k, s, d in ds.keys()],
+        "size_bytes": sum(f.stat().st_blocks * 512 for f in files),
+        "start_time": meta.get("start_time"),
+        "end_time": meta.get("end_time"),
+        "rlcollect_version": meta.get("rlcollect_version"),
+        "config": meta.get("config"),
+    }
+
+
+@app.command()
+def info(
+    path: Path = typer.Argument(..., help="An rlcollect dataset (.h5 file or memmap directory)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Show what is in a dataset: frames, episodes, returns, keys, size, status, config."""
+
+    def show() -> int:
+        data = _info_dict(path)
+        if as_json:
+            print(json.dumps(data, indent=2))
+        else:
+            _print_info(data)
+        return EXIT_OK
+
+    raise typer.Exit(_guarded(show, debug=False))
+
+
+def _print_info(data: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    summary = Table(show_header=False, box=None)
+    for field in ("path", "backend", "status", "env_id", "policy", "seed", "frames", "lanes",
+                  "steps", "episodes", "complete_episodes", "size_bytes", "start_time", "end_time"):
+        summary.add_row(field, str(data[field]))
+    if data["return"]:
+        r = data["return"]
+        summary.add_row(
+            "return", f"mean {r['mean']:.3f}  std {r['std']:.3f}  min {r['min']:.3f}  max {r['max']:.3f}"
+        )
+    console.print(summary)
+    keys = Table("key", "shape", "dtype", title="arrays")
+    for item in data["keys"]:
+        keys.add_row(item["key"], str(tuple(item["shape"])), item["dtype"])
+    console.print(keys)
+    if data["config"]:
+        console.print("config:", style="bold")
+        console.print(data["config"], markup=False, highlight=False)
+
+
+def main() -> None:
+    app()

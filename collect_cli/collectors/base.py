@@ -1,0 +1,70 @@
+"""The collector contract: an iterator (and torch ``IterableDataset``) of TensorDict
+batches shaped ``[lanes, time]``, with the seed's lifecycle methods."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from tensordict import TensorDictBase
+from torch.utils.data import IterableDataset
+
+
+def derive_seeds(seed: int, count: int, *stream: int) -> list[int]:
+    """``count`` distinct, reproducible 32-bit seeds for one stream of ``seed``.
+
+    Streams (worker index, purpose) never collide: each is its own SeedSequence child.
+    """
+    seq = np.random.SeedSequence(int(seed) & 0xFFFFFFFFFFFFFFFF, spawn_key=tuple(stream))
+    return [int(s) for s in seq.generate_state(count, dtype=np.uint32)]
+
+
+class CollectorBase(IterableDataset, metaclass=abc.ABCMeta):
+    """Iterate to receive batches; ``shutdown()`` (or a ``with`` block) releases everything."""
+
+    total_frames: int
+    frames_per_batch: int
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        return self.iterator()
+
+    def next(self) -> TensorDictBase:
+        """The next batch, from a persistent iterator (``StopIteration`` at the end)."""
+        if getattr(self, "_next_iter", None) is None:
+            self._next_iter = self.iterator()
+        return next(self._next_iter)
+
+    def __enter__(self) -> CollectorBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # interpreter teardown: nothing left to release safely
+            pass
+
+    @abc.abstractmethod
+    def iterator(self) -> Iterator[TensorDictBase]: ...
+
+    @abc.abstractmethod
+    def shutdown(self) -> None: ...
+
+    @abc.abstractmethod
+    def set_seed(self, seed: int, static_seed: bool = False) -> int: ...
+
+    @abc.abstractmethod
+    def reset(self) -> None: ...
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    def update_policy_weights_(self, weights: dict[str, Any] | None = None) -> None: ...

@@ -1,0 +1,220 @@
+"""Single-process collector: one :class:`VecEnv`, one policy, preallocated batches.
+
+Frame accounting (as in TorchRL): each batch holds ``lanes * ceil(frames_per_batch
+/ lanes)`` frames, and batches are yielded until at least ``total_frames`` frames
+have been produced (``-1``: forever). ``collector/traj_ids`` gets a fresh id
+at every reset; ids are ``traj_id_start + k * traj_id_stride`` for k = 0, 1, ...
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from collect_cli.collectors.base import CollectorBase, derive_seeds
+from collect_cli.envs import VecEnv
+from collect_cli.errors import CollectionError, PolicyError, RlcollectError
+from collect_cli.policies import RandomPolicy, torch_dtype
+
+FLAG_KEYS = ("done", "terminated", "truncated")
+
+
+class SyncCollector(CollectorBase):
+    def __init__(
+        self,
+        create_env_fn: Callable[[], VecEnv],
+        policy: nn.Module | Callable[[TensorDictBase], TensorDictBase] | None = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: str | torch.device = "cpu",
+        storing_device: str | torch.device = "cpu",
+        seed: int = 0,
+        traj_id_start: int = 0,
+        traj_id_stride: int = 1,
+        return_same_td: bool = False,
+    ):
+        self._closed = True
+        self.env = create_env_fn()
+        self._closed = False
+        self.num_envs = self.env.num_envs
+        self.device = torch.device(device)
+        self.storing_device = torch.device(storing_device)
+        self.policy = policy if policy is not None else RandomPolicy(self.env.action_space, device)
+        self.requested_frames_per_batch = frames_per_batch
+        self.steps_per_batch = math.ceil(frames_per_batch / self.num_envs)
+        self.frames_per_batch = self.steps_per_batch * self.num_envs
+        self.total_frames = total_frames
+        self.return_same_td = return_same_td
+        self._stride = traj_id_stride
+        self._traj_start = traj_id_start
+        self._frames = 0
+        self._obs_keys = [("observation", *leaf.key) for leaf in self.env.obs_leaves]
+        self._act_keys = [("action", *leaf.key) for leaf in self.env.action_leaves]
+        self.set_seed(seed)
+        self._buffer = self._allocate()
+        self._views = {
+            (k if isinstance(k, tuple) else (k,)): v.numpy()
+            for k, v in self._buffer.items(True, True)
+        }
+
+    # -- set-up -----------------------------------------------------------------------
+    def _policy_input(self, obs: list[np.ndarray]) -> TensorDict:
+        data = {k: torch.from_numpy(np.asarray(a)) for k, a in zip(self._obs_keys, obs, strict=True)}
+        td = TensorDict(data, batch_size=[self.num_envs])
+        return td.to(self.device) if self.device.type != "cpu" else td
+
+    def _allocate(self) -> TensorDict:
+        """Dry-run the policy once to learn its outputs, check them, allocate the batch."""
+        with torch.no_grad():
+            out = self.policy(self._policy_input(self._obs))
+        if not isinstance(out, TensorDictBase):
+            raise PolicyError(f"the policy returned {type(out).__name__}, expected a TensorDict")
+        n, steps = self.num_envs, self.steps_per_batch
+        for key, leaf in zip(self._act_keys, self.env.action_leaves, strict=True):
+            value = out.get(key, None)
+            want = (n, *leaf.shape)
+            if value is None:
+                raise PolicyError(f"the policy did not set {'/'.join(key)!r} (expected {want})")
+            if tuple(value.shape) != want:
+                raise PolicyError(
+                    f"the policy's {'/'.join(key)!r} has shape {tuple(value.shape)}, expected {want}"
+                )
+        buf: dict[Any, torch.Tensor] = {}
+        for key, leaf in zip(self._obs_keys, self.env.obs_leaves, strict=True):
+            dtype = torch_dtype(leaf.dtype)
+            buf[key] = torch.zeros(n, steps, *leaf.shape, dtype=dtype)
+            buf[("next", *key)] = torch.zeros(n, steps, *leaf.shape, dtype=dtype)
+        obs_set = set(self._obs_keys)
+        for key in out.keys(True, True):
+            key = key if isinstance(key, tuple) else (key,)
+            if key in obs_set or key[0] in ("next", "collector"):
+                continue
+            value = out.get(key)
+            dtype = torch_dtype(self._leaf_dtype(key)) if key in self._act_keys else value.dtype
+            buf[key] = torch.zeros(n, steps, *value.shape[1:], dtype=dtype)
+        self._policy_keys = [k for k in buf if k[0] != "next" and k not in obs_set]
+        for flag in FLAG_KEYS:
+            buf[(flag,)] = torch.zeros(n, steps, 1, dtype=torch.bool)
+            buf[("next", flag)] = torch.zeros(n, steps, 1, dtype=torch.bool)
+        buf[("next", "reward")] = torch.zeros(n, steps, 1, dtype=torch.float32)
+        buf[("collector", "traj_ids")] = torch.zeros(n, steps, dtype=torch.int64)
+        buf[("collector", "mask")] = torch.ones(n, steps, dtype=torch.bool)
+        return TensorDict(buf, batch_size=[n, steps])
+
+    def _leaf_dtype(self, key: tuple[str, ...]) -> np.dtype:
+        return self.env.action_leaves[self._act_keys.index(key)].dtype
+
+    # -- collection ----------------------------------------------------------------------
+    def iterator(self) -> Iterator[TensorDictBase]:
+        while self.total_frames < 0 or self._frames < self.total_frames:
+            batch = self.rollout()
+            self._frames += self.frames_per_batch
+            if not self.return_same_td:
+                batch = batch.clone()
+            if self.storing_device.type != "cpu":
+                batch = batch.to(self.storing_device, non_blocking=True)
+            yield batch
+
+    @torch.no_grad()
+    def rollout(self) -> TensorDict:
+        """Fill the preallocated batch buffer with ``steps_per_batch`` steps of every lane."""
+        v = self._views
+        obs_views = [v[k] for k in self._obs_keys]
+        next_views = [v[("next", *k)] for k in self._obs_keys]
+        policy_views = [(k, v[k]) for k in self._policy_keys]
+        act_idx = [self._policy_keys.index(k) for k in self._act_keys]
+        reward, traj = v[("next", "reward")], v[("collector", "traj_ids")]
+        n_done, n_term, n_trunc = (v[("next", f)] for f in FLAG_KEYS)
+        for t in range(self.steps_per_batch):
+            for dst, src in zip(obs_views, self._obs, strict=True):
+                dst[:, t] = src
+            traj[:, t] = self._traj_ids
+            out = self.policy(self._policy_input(self._obs))
+            outputs = [out.get(k).detach().cpu().numpy() for k, _ in policy_views]
+            for (_, dst), src in zip(policy_views, outputs, strict=True):
+                dst[:, t] = src
+            step = self._step([outputs[i] for i in act_idx])
+            for dst, src in zip(next_views, step.next_obs, strict=True):
+                dst[:, t] = src
+            reward[:, t, 0] = step.reward
+            n_term[:, t, 0] = step.terminated
+            n_trunc[:, t, 0] = step.truncated
+            done = step.terminated | step.truncated
+            n_done[:, t, 0] = done
+            if done.any():
+                self._new_trajectories(np.flatnonzero(done))
+            self._obs = step.obs
+        return self._buffer
+
+    def _step(self, actions: list[np.ndarray]):
+        try:
+            return self.env.step(actions)
+        except RlcollectError:
+            raise
+        except Exception as exc:
+            text = str(exc).strip().splitlines()
+            detail = f": {text[0]}" if text else ""
+            raise CollectionError(
+                f"env {self.env.env_id} raised {type(exc).__name__}{detail}"
+            ) from exc
+
+    def _new_trajectories(self, lanes: np.ndarray) -> None:
+        ids = self._next_id + self._stride * np.arange(len(lanes), dtype=np.int64)
+        self._traj_ids[lanes] = ids
+        self._next_id += self._stride * len(lanes)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Reseed and reset every env (env i gets its own derived seed); fresh traj ids."""
+        self.seed = int(seed)
+        self._obs = self.env.reset(derive_seeds(seed, self.num_envs, 0))
+        if isinstance(self.policy, RandomPolicy):
+            self.policy.generator.manual_seed(derive_seeds(seed, 1, 1)[0])
+        self._restart_traj_ids()
+        return self.seed if static_seed else self.seed + self.num_envs
+
+    def _restart_traj_ids(self) -> None:
+        self._traj_ids = self._traj_start + self._stride * np.arange(self.num_envs, dtype=np.int64)
+        self._next_id = self._traj_start + self._stride * self.num_envs
+
+    def reset(self) -> None:
+        """Reset every env to a new initial state; running trajectories are abandoned."""
+        self._obs = self.env.reset(derive_seeds(self.seed, self.num_envs, 0, 1 + self._frames))
+        self._new_trajectories(np.arange(self.num_envs))
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"frames": self._frames, "next_traj_id": self._next_id}
+        if isinstance(self.policy, nn.Module):
+            state["policy_state_dict"] = self.policy.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._frames = int(state_dict.get("frames", self._frames))
+        self._next_id = int(state_dict.get("next_traj_id", self._next_id))
+        if "policy_state_dict" in state_dict and isinstance(self.policy, nn.Module):
+            self.policy.load_state_dict(state_dict["policy_state_dict"])
+
+    def update_policy_weights_(self, weights: dict[str, Any] | None = None) -> None:
+        """Load new weights into the policy (a no-op without weights: it is local)."""
+        if weights is not None and isinstance(self.policy, nn.Module):
+            if isinstance(weights, TensorDictBase):
+                weights = weights.flatten_keys(".").to_dict()
+            self.policy.load_state_dict(dict(weights))
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.env.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(env={self.env.env_id}, lanes={self.num_envs}, "
+            f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames})"
+        )

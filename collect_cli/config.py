@@ -1,0 +1,227 @@
+"""Structured configs (dataclasses), their Hydra registration, and validation.
+
+Hydra composes ``conf/`` against these schemas; :func:`load` turns the composed
+``DictConfig`` into a :class:`Settings` of plain, validated Python values.
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from collect_cli.errors import ConfigError
+
+ENV_BACKENDS = ("gymnasium",)
+ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu", "identity")
+COMPRESSIONS = ("none", "gzip", "lzf")
+PROGRESS_MODES = ("auto", "rich", "plain", "none")
+
+
+@dataclass
+class EnvConfig:
+    name: str = MISSING
+    id: str = MISSING
+    num_envs: int = 8
+    backend: str = "gymnasium"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RandomPolicyConfig:
+    name: str = "random"
+
+
+@dataclass
+class MlpPolicyConfig:
+    name: str = "mlp"
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    activation: str = "tanh"
+    checkpoint: str | None = None
+
+
+@dataclass
+class CollectorConfig:
+    name: str = "sync"
+
+
+@dataclass
+class Hdf5WriterConfig:
+    name: str = "hdf5"
+    compression: str = "none"
+    chunk_frames: int = 1024
+
+
+@dataclass
+class MemmapWriterConfig:
+    name: str = "memmap"
+
+
+@dataclass
+class NoPostprocConfig:
+    name: str = "none"
+
+
+@dataclass
+class RunConfig:
+    env: EnvConfig = MISSING
+    policy: Any = MISSING
+    collector: CollectorConfig = MISSING
+    writer: Any = MISSING
+    postproc: Any = MISSING
+    total_frames: Any = 1_000_000
+    frames_per_batch: Any = 1000
+    device: str = "cpu"
+    storing_device: str = "cpu"
+    seed: int = 0
+    out: str | None = None
+    overwrite: bool = False
+    progress: str = "auto"
+    debug: bool = False
+
+
+POLICY_SCHEMAS = {"random": RandomPolicyConfig, "mlp": MlpPolicyConfig}
+WRITER_SCHEMAS = {"hdf5": Hdf5WriterConfig, "memmap": MemmapWriterConfig}
+POSTPROC_SCHEMAS = {"none": NoPostprocConfig}
+COLLECTORS = ("sync",)
+
+
+@dataclass
+class Settings:
+    """The validated run settings: what ``run.run`` consumes."""
+
+    env: EnvConfig
+    policy: RandomPolicyConfig | MlpPolicyConfig
+    collector: CollectorConfig
+    writer: Hdf5WriterConfig | MemmapWriterConfig
+    postproc: NoPostprocConfig
+    total_frames: int
+    frames_per_batch: int
+    device: str
+    storing_device: str
+    seed: int
+    out: Path
+    overwrite: bool
+    progress: str
+    debug: bool
+    config_yaml: str = ""
+
+
+def register() -> None:
+    """Register the main schema so that ``conf/config.yaml`` can extend it."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="rlcollect_schema", node=RunConfig)
+
+
+def conf_dir() -> Path:
+    """The directory holding the Hydra YAML groups (shipped as ``collect_cli.conf``)."""
+    from importlib.resources import files
+
+    return Path(str(files("collect_cli.conf")))
+
+
+def _as_int(name: str, value: Any, *, allow_endless: bool = False) -> int:
+    """Accept 1000, 1e6, "1e6"; reject non-numeric and non-integral values."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ConfigError(
+                f"{name} must be a number such as 20000 or 1e6, got {value!r}"
+            ) from None
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ConfigError(f"{name} must be integral, got {value!r}")
+        value = int(value)
+    if not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if allow_endless and value == -1:
+        return value
+    if value <= 0:
+        hint = " (or -1 to run until interrupted)" if allow_endless else ""
+        raise ConfigError(f"{name} must be a positive integer{hint}, got {value}")
+    return value
+
+
+def _option(group: str, node: Any, schemas: dict[str, type]) -> Any:
+    name = node.get("name") if isinstance(node, DictConfig) else None
+    if name not in schemas:
+        raise ConfigError(f"unknown {group} {name!r}: choose from {', '.join(schemas)}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schemas[name]), node)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid {group} config: {_first_line(exc)}") from None
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not valid: choose from {', '.join(choices)}")
+    return value
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def default_out(env_id: str, policy: str, seed: int, writer: str) -> Path:
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", env_id).strip("_")
+    suffix = ".h5" if writer == "hdf5" else ""
+    return Path("data") / f"{stem}_{policy}_s{seed}{suffix}"
+
+
+def load(cfg: DictConfig) -> Settings:
+    """Validate a composed config into :class:`Settings` (raises ConfigError)."""
+    try:
+        env = OmegaConf.to_object(cfg.env)
+        collector = OmegaConf.to_object(cfg.collector)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid config: {_first_line(exc)}") from None
+    policy = _option("policy", cfg.policy, POLICY_SCHEMAS)
+    writer = _option("writer", cfg.writer, WRITER_SCHEMAS)
+    postproc = _option("postproc", cfg.postproc, POSTPROC_SCHEMAS)
+
+    _choice("env.backend", env.backend, ENV_BACKENDS)
+    _choice("collector", collector.name, COLLECTORS)
+    _choice("progress", cfg.progress, PROGRESS_MODES)
+    if env.num_envs < 1:
+        raise ConfigError(f"env.num_envs must be at least 1, got {env.num_envs}")
+    if not env.id:
+        raise ConfigError("env.id is empty: name a gymnasium id, e.g. env=gym env.id=Hopper-v5")
+    if isinstance(policy, MlpPolicyConfig):
+        _choice("policy.activation", policy.activation, ACTIVATIONS)
+        if not policy.hidden or any(h < 1 for h in policy.hidden):
+            raise ConfigError(f"policy.hidden must be positive sizes, got {policy.hidden}")
+    if isinstance(writer, Hdf5WriterConfig):
+        _choice("writer.compression", writer.compression, COMPRESSIONS)
+        if writer.chunk_frames < 1:
+            raise ConfigError(f"writer.chunk_frames must be positive, got {writer.chunk_frames}")
+
+    out = cfg.out
+    out_path = Path(out) if out else default_out(env.id, policy.name, cfg.seed, writer.name)
+    return Settings(
+        env=env,
+        policy=policy,
+        collector=collector,
+        writer=writer,
+        postproc=postproc,
+        total_frames=_as_int("total_frames", cfg.total_frames, allow_endless=True),
+        frames_per_batch=_as_int("frames_per_batch", cfg.frames_per_batch),
+        device=str(cfg.device),
+        storing_device=str(cfg.storing_device),
+        seed=int(cfg.seed),
+        out=out_path,
+        overwrite=bool(cfg.overwrite),
+        progress=cfg.progress,
+        debug=bool(cfg.debug),
+        config_yaml=OmegaConf.to_yaml(cfg),
+    )

@@ -1,0 +1,53 @@
+"""The one interface every env backend implements: a batch of ``num_envs`` lanes."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+from gymnasium import spaces
+
+from collect_cli import specs
+
+
+@dataclass
+class StepResult:
+    """One vectorised step. Arrays are lane-major; observations are leaf lists.
+
+    ``next_obs`` is the true s_{t+1} of every lane (the final observation where
+    the episode ended); ``obs`` is what the policy sees next: equal to
+    ``next_obs`` except in lanes that were reset, where it is the reset state.
+    """
+
+    obs: list[np.ndarray]
+    next_obs: list[np.ndarray]
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+
+
+class VecEnv(ABC):
+    """``num_envs`` copies of one environment, stepped as a batch, auto-resetting."""
+
+    env_id: str
+    num_envs: int
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    max_episode_steps: int | None = None
+
+    def _init_leaves(self) -> None:
+        self.obs_leaves = specs.leaves(self.observation_space, "observation space")
+        self.action_leaves = specs.leaves(self.action_space, "action space")
+
+    @abstractmethod
+    def reset(self, seeds: list[int]) -> list[np.ndarray]:
+        """Reset every lane with its own seed; return the first observations."""
+
+    @abstractmethod
+    def step(self, actions: list[np.ndarray]) -> StepResult:
+        """Step all lanes; lanes whose episode ended are reset in the same call."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the environments."""

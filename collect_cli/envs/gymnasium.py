@@ -1,0 +1,85 @@
+"""Gymnasium backend: ``num_envs`` copies in one ``SyncVectorEnv``.
+
+The vector env runs in same-step autoreset mode: a lane whose episode ends is
+reset inside the same ``step`` call and its true final observation comes back
+in ``info["final_obs"]``. So no fake transition ever crosses an episode
+boundary, and ``next/observation`` of a last step is the real final state.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from collect_cli import specs
+from collect_cli.envs.base import StepResult, VecEnv
+from collect_cli.errors import UsageError
+
+
+def _unknown_env(env_id: str, exc: Exception) -> UsageError:
+    known = list(gym.registry.keys())
+    close = difflib.get_close_matches(env_id.split(":")[-1], known, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; `rlcollect envs` lists presets"
+    return UsageError(f"unknown env id {env_id!r} ({_one_line(exc)}){hint}")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def make_single(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+    try:
+        return gym.make(env_id, **kwargs)
+    except (gym.error.Error, ModuleNotFoundError) as exc:
+        raise _unknown_env(env_id, exc) from None
+    except TypeError as exc:
+        raise UsageError(f"env.kwargs rejected by {env_id}: {_one_line(exc)}") from None
+
+
+class GymnasiumVecEnv(VecEnv):
+    def __init__(self, env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None):
+        kwargs = dict(kwargs or {})
+        first = make_single(env_id, kwargs)
+        envs = [first] + [make_single(env_id, kwargs) for _ in range(num_envs - 1)]
+        self._vec = SyncVectorEnv(
+            [(lambda e=e: e) for e in envs], autoreset_mode=AutoresetMode.SAME_STEP
+        )
+        self.env_id = env_id
+        self.num_envs = num_envs
+        self.observation_space = self._vec.single_observation_space
+        self.action_space = self._vec.single_action_space
+        spec = first.spec
+        self.max_episode_steps = spec.max_episode_steps if spec is not None else None
+        self._init_leaves()
+
+    def reset(self, seeds: list[int]) -> list[np.ndarray]:
+        obs, _ = self._vec.reset(seed=[int(s) for s in seeds])
+        return specs.split(obs, self.observation_space)
+
+    def step(self, actions: list[np.ndarray]) -> StepResult:
+        action = specs.join(actions, self.action_space)
+        obs, reward, terminated, truncated, info = self._vec.step(action)
+        obs_leaves = specs.split(obs, self.observation_space)
+        next_leaves = obs_leaves
+        ended = info.get("_final_obs")
+        if ended is not None and ended.any():
+            next_leaves = [a.copy() for a in obs_leaves]
+            for lane in np.flatnonzero(ended):
+                final = specs.split(info["final_obs"][lane], self.observation_space)
+                for dst, src in zip(next_leaves, final, strict=True):
+                    dst[lane] = src
+        return StepResult(
+            obs=obs_leaves,
+            next_obs=next_leaves,
+            reward=np.asarray(reward, dtype=np.float32),
+            terminated=np.asarray(terminated, dtype=bool),
+            truncated=np.asarray(truncated, dtype=bool),
+        )
+
+    def close(self) -> None:
+        self._vec.close()

@@ -1,0 +1,200 @@
+"""Policy factories. A policy maps a TensorDict of observations (batch ``[lanes]``)
+to the same TensorDict with ``action`` set (nested for Dict/Tuple action spaces)
+and, optionally, extra outputs such as ``sample_log_prob``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from tensordict import TensorDict
+from torch import nn
+
+from collect_cli import specs
+from collect_cli.config import MlpPolicyConfig, RandomPolicyConfig
+from collect_cli.errors import PolicyError
+
+ACTIVATIONS = {
+    "tanh": nn.Tanh,
+    "relu": nn.ReLU,
+    "elu": nn.ELU,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "identity": nn.Identity,
+}
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+class RandomPolicy(nn.Module):
+    """Uniform actions inside the action space, sampled for all lanes at once."""
+
+    def __init__(self, action_space: spaces.Space, device: torch.device, seed: int = 0):
+        super().__init__()
+        self.leaves = specs.leaves(action_space, "action space")
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self._bounds = [self._leaf_bounds(leaf) for leaf in self.leaves]
+
+    def _leaf_bounds(self, leaf: specs.Leaf) -> tuple[torch.Tensor, torch.Tensor] | None:
+        space = leaf.space
+        if isinstance(space, spaces.Box):
+            low = torch.as_tensor(space.low, dtype=torch.float64, device=self.device)
+            high = torch.as_tensor(space.high, dtype=torch.float64, device=self.device)
+            return low, high
+        if isinstance(space, spaces.Discrete):
+            start = torch.tensor(int(space.start), device=self.device)
+            return start, torch.tensor(int(space.n), device=self.device)
+        if isinstance(space, spaces.MultiDiscrete):
+            start = torch.as_tensor(space.start, device=self.device)
+            return start, torch.as_tensor(space.nvec, device=self.device)
+        return None
+
+    def sample(self, n: int) -> list[torch.Tensor]:
+        out = []
+        for leaf, bounds in zip(self.leaves, self._bounds, strict=True):
+            out.append(self._sample_leaf(leaf, bounds, n).to(torch_dtype(leaf.dtype)))
+        return out
+
+    def _sample_leaf(self, leaf: specs.Leaf, bounds, n: int) -> torch.Tensor:
+        g, dev, shape = self.generator, self.device, (n, *leaf.shape)
+        space = leaf.space
+        if isinstance(space, spaces.Box):
+            low, high = bounds
+            u = torch.rand(shape, generator=g, device=dev, dtype=torch.float64)
+            e = -torch.log1p(-u)  # exponential samples for half-bounded dims
+            z = torch.randn(shape, generator=g, device=dev, dtype=torch.float64)
+            lo_ok, hi_ok = torch.isfinite(low), torch.isfinite(high)
+            value = torch.where(lo_ok & hi_ok, low + (high - low) * u, z)
+            value = torch.where(lo_ok & ~hi_ok, low + e, value)
+            value = torch.where(~lo_ok & hi_ok, high - e, value)
+            if not np.issubdtype(leaf.dtype, np.floating):
+                both = lo_ok & hi_ok
+                value = torch.floor(torch.where(both, low + (high - low + 1) * u, value))
+                value = torch.minimum(value, torch.where(hi_ok, high, value))
+            return value
+        if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+            start, count = bounds
+            u = torch.rand(shape, generator=g, device=dev, dtype=torch.float64)
+            return start + torch.floor(u * count).long()
+        # MultiBinary
+        return torch.randint(0, 2, shape, generator=g, device=dev)
+
+    def forward(self, td: TensorDict) -> TensorDict:
+        for leaf, value in zip(self.leaves, self.sample(td.batch_size[0]), strict=True):
+            td.set(("action", *leaf.key), value)
+        return td
+
+
+class MlpPolicy(nn.Module):
+    """A deterministic MLP over the concatenated observation leaves.
+
+    Box actions are tanh-squashed into bounded ranges; Discrete, MultiDiscrete
+    and MultiBinary actions take the argmax (or sign) of their logits.
+    """
+
+    def __init__(
+        self,
+        obs_space: spaces.Space,
+        action_space: spaces.Space,
+        hidden: list[int],
+        activation: str = "tanh",
+    ):
+        super().__init__()
+        if isinstance(action_space, (spaces.Dict, spaces.Tuple)):
+            raise PolicyError(
+                f"policy=mlp needs a single action leaf, got {type(action_space).__name__}: "
+                "use policy=random or a python policy"
+            )
+        self.obs_keys = [("observation", *leaf.key) for leaf in specs.leaves(obs_space)]
+        in_dim = sum(math.prod(leaf.shape) for leaf in specs.leaves(obs_space))
+        self.action_space = action_space
+        self.action_dtype = torch_dtype(np.dtype(action_space.dtype))
+        if isinstance(action_space, spaces.Box):
+            out_dim = math.prod(action_space.shape)
+            low = torch.as_tensor(action_space.low, dtype=torch.float32)
+            high = torch.as_tensor(action_space.high, dtype=torch.float32)
+            bounded = torch.isfinite(low) & torch.isfinite(high)
+            self.register_buffer("low", torch.where(bounded, low, -1.0), persistent=False)
+            self.register_buffer("high", torch.where(bounded, high, 1.0), persistent=False)
+            self.register_buffer("bounded", bounded, persistent=False)
+        elif isinstance(action_space, spaces.Discrete):
+            out_dim = int(action_space.n)
+        elif isinstance(action_space, spaces.MultiDiscrete):
+            out_dim = int(action_space.nvec.sum())
+        else:
+            out_dim = math.prod(action_space.shape)
+        layers: list[nn.Module] = []
+        sizes = [in_dim, *hidden]
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            layers += [nn.Linear(a, b), ACTIVATIONS[activation]()]
+        layers.append(nn.Linear(sizes[-1], out_dim))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, td: TensorDict) -> TensorDict:
+        n = td.batch_size[0]
+        x = torch.cat([td.get(k).reshape(n, -1).float() for k in self.obs_keys], dim=-1)
+        y = self.net(x)
+        space = self.action_space
+        if isinstance(space, spaces.Box):
+            squashed = self.low + (torch.tanh(y) + 1) * 0.5 * (self.high - self.low)
+            action = torch.where(self.bounded.flatten(), squashed, y).reshape(n, *space.shape)
+        elif isinstance(space, spaces.Discrete):
+            action = y.argmax(-1) + int(space.start)
+        elif isinstance(space, spaces.MultiDiscrete):
+            chunks = y.split([int(k) for k in space.nvec.flatten()], dim=-1)
+            action = torch.stack([c.argmax(-1) for c in chunks], -1).reshape(n, *space.shape)
+            action = action + torch.as_tensor(space.start, device=y.device)
+        else:
+            action = (y > 0).reshape(n, *space.shape)
+        td.set("action", action.to(self.action_dtype))
+        return td
+
+
+def load_state_dict(module: nn.Module, path: str) -> None:
+    """Load a weights-only checkpoint into ``module`` (accepts ``net.``-prefixed keys or not)."""
+    file = Path(path)
+    if not file.is_file():
+        raise PolicyError(f"policy checkpoint {path!r} does not exist")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise PolicyError(
+            f"policy checkpoint {path!r} is not a readable state_dict ({type(exc).__name__})"
+        ) from None
+    if not isinstance(state, dict):
+        raise PolicyError(f"policy checkpoint {path!r} holds a {type(state).__name__}, not a dict")
+    net = module.net  # type: ignore[attr-defined]
+    state = {k.removeprefix("net."): v for k, v in state.items()}
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as exc:
+        detail = str(exc).strip().splitlines()
+        raise PolicyError(
+            f"policy checkpoint {path!r} does not match the MLP "
+            f"({detail[1].strip() if len(detail) > 1 else detail[0]})"
+        ) from None
+
+
+def build_policy(
+    cfg: RandomPolicyConfig | MlpPolicyConfig,
+    obs_space: spaces.Space,
+    action_space: spaces.Space,
+    device: torch.device,
+    seed: int,
+) -> nn.Module:
+    """Build the configured policy on ``device``, reproducibly from ``seed``."""
+    if isinstance(cfg, RandomPolicyConfig):
+        return RandomPolicy(action_space, device, seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        policy = MlpPolicy(obs_space, action_space, list(cfg.hidden), cfg.activation)
+    if cfg.checkpoint:
+        load_state_dict(policy, cfg.checkpoint)
+    return policy.to(device).eval()

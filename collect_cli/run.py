@@ -1,0 +1,230 @@
+"""Build everything from validated settings and drive collector -> writer.
+
+Data flows one way: settings -> (env, policy) -> collector -> batches -> writer.
+Progress is reported through a callback; this module never prints.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from collect_cli import __version__, specs
+from collect_cli.config import Settings
+from collect_cli.errors import DeviceError
+
+log = logging.getLogger("rlcollect")
+
+
+@dataclass
+class RunResult:
+    path: str
+    frames: int
+    episodes: int
+    seconds: float
+    frames_per_s: float
+    status: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ProgressState:
+    frames: int
+    total_frames: int
+    episodes: int
+    mean_return: float | None
+    elapsed: float
+
+
+ProgressFn = Callable[[ProgressState], None]
+
+
+def resolve_device(name: str, key: str = "device"):
+    """``torch.device`` for ``name``; a usage error if malformed or absent."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise DeviceError(f"{key}={name!r} is not a device: use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"{key}={name} asked for CUDA, but CUDA is not available here: use {key}=cpu"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise DeviceError(
+                f"{key}={name} is out of range: this machine has {count} CUDA device(s)"
+            )
+    elif device.type != "cpu":
+        raise DeviceError(f"{key}={name!r} is not supported: use cpu, cuda or cuda:N")
+    return device
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "tensordict", "gymnasium", "numpy", "h5py", "hydra-core"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM; the loop finishes its batch, flushes and stops."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+    @property
+    def raised(self) -> bool:
+        return self.signal_name is not None
+
+
+@contextmanager
+def trap_signals(flag: StopFlag) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, flag) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
+    """Collect ``settings.total_frames`` frames into the dataset at ``settings.out``."""
+    from collect_cli.collectors import SyncCollector, derive_seeds
+    from collect_cli.envs import env_factory
+    from collect_cli.policies import build_policy
+    from collect_cli.writers import check_output, make_writer
+
+    device = resolve_device(settings.device)
+    storing_device = resolve_device(settings.storing_device, "storing_device")
+    check_output(settings.out, settings.overwrite)
+
+    env_cfg = settings.env
+    env = env_factory(env_cfg.id, env_cfg.num_envs, env_cfg.backend, env_cfg.kwargs)()
+    collector = None
+    writer = None
+    try:
+        policy = build_policy(
+            settings.policy,
+            env.observation_space,
+            env.action_space,
+            device,
+            derive_seeds(settings.seed, 1, 2)[0],
+        )
+        collector = SyncCollector(
+            lambda: env,
+            policy,
+            frames_per_batch=settings.frames_per_batch,
+            total_frames=settings.total_frames,
+            device=device,
+            storing_device=storing_device,
+            seed=settings.seed,
+        )
+        planned = None
+        if settings.total_frames > 0:
+            batches = math.ceil(settings.total_frames / collector.frames_per_batch)
+            planned = batches * collector.steps_per_batch
+        metadata = {
+            "rlcollect_version": __version__,
+            "versions": library_versions(),
+            "env_id": env.env_id,
+            "env_preset": env_cfg.name,
+            "env_backend": env_cfg.backend,
+            "observation_space": specs.describe(env.observation_space),
+            "action_space": specs.describe(env.action_space),
+            "policy": settings.policy.name,
+            "seed": settings.seed,
+            "frames_per_batch": collector.frames_per_batch,
+            "total_frames": settings.total_frames,
+            "config": settings.config_yaml,
+        }
+        writer_kwargs = {k: v for k, v in vars(settings.writer).items() if k != "name"}
+        writer = make_writer(
+            settings.writer.name,
+            settings.out,
+            metadata=metadata,
+            overwrite=settings.overwrite,
+            planned_steps=planned,
+            **writer_kwargs,
+        ).open()
+        return _drive(collector, writer, settings, progress)
+    finally:
+        if collector is not None:
+            collector.shutdown()
+        else:
+            env.close()
+
+
+def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -> RunResult:
+    flag = StopFlag()
+    recent: deque[float] = deque(maxlen=100)
+    start = time.perf_counter()
+    status = "complete"
+
+    def report() -> None:
+        if progress is not None:
+            progress(
+                ProgressState(
+                    frames=writer.frames,
+                    total_frames=settings.total_frames,
+                    episodes=writer.episodes,
+                    mean_return=sum(recent) / len(recent) if recent else None,
+                    elapsed=time.perf_counter() - start,
+                )
+            )
+
+    try:
+        with trap_signals(flag):
+            report()
+            for batch in collector:
+                rows = writer.append(batch)
+                writer.commit()
+                recent.extend(rows["return"].tolist())
+                report()
+                if flag.raised:
+                    log.warning("%s received: dataset flushed, stopping", flag.signal_name)
+                    status = "interrupted"
+                    break
+    except BaseException:
+        _close_quietly(writer, "interrupted")
+        raise
+    writer.close(status)
+    seconds = time.perf_counter() - start
+    return RunResult(
+        path=str(settings.out),
+        frames=writer.frames,
+        episodes=writer.episodes,
+        seconds=round(seconds, 3),
+        frames_per_s=round(writer.frames / seconds, 1) if seconds > 0 else 0.0,
+        status=status,
+    )
+
+
+def _close_quietly(writer, status: str) -> None:
+    try:
+        writer.close(status)
+    except Exception as exc:  # the original error matters more
+        log.error("could not finalise %s: %s", writer.path, exc)

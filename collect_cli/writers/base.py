@@ -1,0 +1,176 @@
+"""The one Writer contract: ``open`` -> ``append`` (per batch) -> ``commit`` -> ``close``.
+
+The base class owns everything backends share: output-path checks, the
+episodes table, metadata and status. A backend stores arrays: it implements
+``_create`` / ``_write_frames`` / ``_write_episodes`` / ``_commit`` / ``_close``.
+After ``commit`` returns, the dataset on disk is consistent up to that batch.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tensordict import TensorDictBase
+
+from collect_cli.errors import OutputError, WriteError
+from collect_cli.writers.episodes import EpisodeTracker, Rows
+
+FORMAT_VERSION = 1
+STATUSES = ("running", "complete", "interrupted")
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def check_output(path: Path, overwrite: bool) -> None:
+    """Fail early (before any env starts) if ``path`` cannot be written."""
+    if path.exists() and not overwrite:
+        raise OutputError(f"output {str(path)!r} already exists: pass overwrite=true or another out=")
+    parent = path.parent
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write output {str(path)!r}: {str(existing)!r} is not writable")
+
+
+def remove_output(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def leaf_items(batch: TensorDictBase) -> list[tuple[tuple[str, ...], np.ndarray]]:
+    """``(key tuple, numpy array)`` for every leaf of a CPU batch."""
+    out = []
+    for key, value in batch.items(True, True):
+        key = key if isinstance(key, tuple) else (key,)
+        out.append((key, value.detach().cpu().numpy()))
+    return out
+
+
+class Writer(abc.ABC):
+    """Streams ``[lanes, time]`` batches into one dataset at ``path``."""
+
+    backend: str = ""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        metadata: dict[str, Any],
+        overwrite: bool = False,
+        planned_steps: int | None = None,
+    ):
+        self.path = Path(path)
+        self.overwrite = overwrite
+        self.planned_steps = planned_steps
+        self.meta: dict[str, Any] = dict(metadata)
+        self.steps = 0  # committed time steps per lane
+        self.frames = 0  # committed valid frames
+        self.episodes = 0
+        self.tracker: EpisodeTracker | None = None
+        self._created = False
+        self._closed = False
+
+    def open(self) -> Writer:
+        check_output(self.path, self.overwrite)
+        try:
+            if self.path.exists():
+                remove_output(self.path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.meta.update(
+                format_version=FORMAT_VERSION,
+                backend=self.backend,
+                status="running",
+                start_time=now(),
+                end_time=None,
+                frames=0,
+                steps=0,
+                episodes=0,
+            )
+            self._open()
+        except OSError as exc:
+            raise WriteError(f"cannot create {str(self.path)!r}: {exc.strerror or exc}") from exc
+        return self
+
+    def append(self, batch: TensorDictBase) -> Rows:
+        """Write one batch (not yet durable: call :meth:`commit`); return finished episodes."""
+        lanes, steps = batch.batch_size[:2]
+        items = leaf_items(batch)
+        try:
+            if not self._created:
+                self.meta["lanes"] = int(lanes)
+                self.tracker = EpisodeTracker(int(lanes))
+                self._create(items, int(lanes))
+                self._created = True
+            self._write_frames(items, self.steps, int(steps))
+            rows = self.tracker.update(batch, self.steps)
+            self._write_episodes(rows, self.episodes)
+        except OSError as exc:
+            raise self._os_error(exc) from exc
+        self.steps += int(steps)
+        self.frames += int(batch.get(("collector", "mask")).sum())
+        self.episodes += len(rows["traj_id"])
+        return rows
+
+    def commit(self) -> None:
+        """Make everything appended so far durable and visible to readers."""
+        self.meta.update(frames=self.frames, steps=self.steps, episodes=self.episodes)
+        try:
+            self._commit()
+        except OSError as exc:
+            raise self._os_error(exc) from exc
+
+    def close(self, status: str = "complete") -> None:
+        """Record the running episodes as incomplete, set ``status`` and commit."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.tracker is not None:
+                rows = self.tracker.finish()
+                self._write_episodes(rows, self.episodes)
+                self.episodes += len(rows["traj_id"])
+            self.meta.update(status=status, end_time=now())
+            self.commit()
+        finally:
+            try:
+                self._close()
+            except OSError:
+                pass
+
+    def _os_error(self, exc: OSError) -> WriteError:
+        reason = exc.strerror or str(exc)
+        return WriteError(
+            f"writing {str(self.path)!r} failed: {reason}; "
+            f"the dataset is readable up to the last commit ({self.meta.get('frames', 0)} frames)"
+        )
+
+    @abc.abstractmethod
+    def _open(self) -> None:
+        """Create the (empty) dataset with ``self.meta``."""
+
+    @abc.abstractmethod
+    def _create(self, items: list[tuple[tuple[str, ...], np.ndarray]], lanes: int) -> None:
+        """Create one storage per frame key, shaped from the first batch."""
+
+    @abc.abstractmethod
+    def _write_frames(self, items, t0: int, steps: int) -> None: ...
+
+    @abc.abstractmethod
+    def _write_episodes(self, rows: Rows, start: int) -> None: ...
+
+    @abc.abstractmethod
+    def _commit(self) -> None: ...
+
+    @abc.abstractmethod
+    def _close(self) -> None: ...

@@ -1,0 +1,126 @@
+"""HDF5 backend: one ``.h5`` file, one chunked, resizable dataset per key.
+
+Frame keys are datasets shaped ``[lanes, time, ...]`` growing along ``time``;
+``episodes/<column>`` are 1-D datasets; metadata lives in the root attributes
+(dicts as JSON strings). Opens with plain h5py and ``PersistentTensorDict.from_h5``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from collect_cli.writers.base import Writer
+from collect_cli.writers.episodes import COLUMNS, Rows
+
+JSON_ATTRS = ("observation_space", "action_space", "versions", "shards")
+
+
+def encode_attrs(attrs: h5py.AttributeManager, meta: dict[str, Any]) -> None:
+    for key, value in meta.items():
+        if value is None:
+            if key in attrs:
+                del attrs[key]
+        elif isinstance(value, (dict, list)):
+            attrs[key] = json.dumps(value)
+        else:
+            attrs[key] = value
+
+
+def decode_attrs(attrs: h5py.AttributeManager) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, np.generic):
+            value = value.item()
+        if key in JSON_ATTRS and isinstance(value, str):
+            value = json.loads(value)
+        meta[key] = value
+    return meta
+
+
+class Hdf5Writer(Writer):
+    backend = "hdf5"
+
+    def __init__(self, path, *, compression: str = "none", chunk_frames: int = 1024, **kw):
+        super().__init__(path, **kw)
+        self.compression = None if compression == "none" else compression
+        self.chunk_frames = chunk_frames
+        self._file: h5py.File | None = None
+        self._frames: dict[tuple[str, ...], h5py.Dataset] = {}
+        self._episodes: dict[str, h5py.Dataset] = {}
+
+    def _open(self) -> None:
+        self._file = h5py.File(self.path, "w", libver="latest")
+        encode_attrs(self._file.attrs, self.meta)
+        for name, dtype in COLUMNS.items():
+            self._episodes[name] = self._file.create_dataset(
+                f"episodes/{name}", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(4096,)
+            )
+        self._file.flush()
+
+    def _create(self, items, lanes: int) -> None:
+        for key, array in items:
+            feat = array.shape[2:]
+            row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * array.dtype.itemsize)
+            # time steps per chunk: chunk_frames, capped near 1 MiB per chunk
+            steps = max(1, min(self.chunk_frames, (1 << 20) // row_bytes))
+            self._frames[key] = self._file.create_dataset(
+                "/".join(key),
+                shape=(lanes, 0, *feat),
+                maxshape=(lanes, None, *feat),
+                dtype=array.dtype,
+                chunks=(1, steps, *feat),
+                compression=self.compression,
+            )
+
+    def _write_frames(self, items, t0: int, steps: int) -> None:
+        for key, array in items:
+            ds = self._frames[key]
+            ds.resize(t0 + steps, axis=1)
+            ds[:, t0 : t0 + steps] = array
+
+    def _write_episodes(self, rows: Rows, start: int) -> None:
+        count = len(rows["traj_id"])
+        if not count:
+            return
+        for name, ds in self._episodes.items():
+            ds.resize(start + count, axis=0)
+            ds[start : start + count] = rows[name]
+
+    def _commit(self) -> None:
+        encode_attrs(self._file.attrs, self.meta)
+        self._file.flush()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    with h5py.File(path, "r") as f:
+        return decode_attrs(f.attrs)
+
+
+def describe_keys(path: Path) -> list[tuple[str, tuple[int, ...], str]]:
+    """``(key, shape, dtype)`` of every dataset in the file."""
+    out: list[tuple[str, tuple[int, ...], str]] = []
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset):
+            out.append((name, tuple(obj.shape), str(obj.dtype)))
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return out
+
+
+def read_array(path: Path, key: str) -> np.ndarray:
+    with h5py.File(path, "r") as f:
+        return f[key][()]

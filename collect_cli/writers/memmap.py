@@ -1,0 +1,158 @@
+"""Memmap backend: a directory that ``TensorDict.load_memmap(path)`` opens whole.
+
+Frame keys are ``<key>.memmap`` files shaped ``[lanes, capacity, ...]`` (nested
+keys in sub-directories), with the capacity preallocated as sparse files: the
+planned number of steps for a finite run, doubling for an endless one, and
+compacted to the written steps when an endless run completes. Frames not yet
+written carry ``collector/mask`` False. ``episodes/`` columns are append-only
+files. Each directory holds the ``meta.json`` tensordict reads; rlcollect's
+own metadata is ``rlcollect.json``. Commits ``msync`` the data, then replace the
+JSON files atomically, so a reader never sees metadata ahead of the data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from collect_cli.writers.base import Writer
+from collect_cli.writers.episodes import COLUMNS, Rows
+
+META_FILE = "rlcollect.json"
+TD_CLASS = {"_type": "<class 'tensordict._td.TensorDict'>", "_format_version": 1}
+
+
+def torch_dtype_name(dtype: np.dtype) -> str:
+    return str(torch.from_numpy(np.empty(0, dtype=dtype)).dtype)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomically replace ``path`` with ``data`` (write, fsync, rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def td_meta_tree(
+    leaves: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]],
+) -> dict[tuple[str, ...], dict[str, Any]]:
+    """The ``meta.json`` content of every directory, keyed by directory key."""
+    dirs: dict[tuple[str, ...], dict[str, Any]] = {(): {}}
+    for key, (shape, dtype) in leaves.items():
+        for depth in range(1, len(key)):
+            parent, name = key[: depth - 1], key[depth - 1]
+            dirs.setdefault(key[:depth], {})
+            dirs[parent][name] = {"type": "TensorDict"}
+        dirs[key[:-1]][key[-1]] = {
+            "device": "cpu",
+            "shape": list(shape),
+            "dtype": torch_dtype_name(dtype),
+            "is_nested": False,
+        }
+    return dirs
+
+
+class MemmapWriter(Writer):
+    backend = "memmap"
+
+    def __init__(self, path, **kw):
+        super().__init__(path, **kw)
+        self._maps: dict[tuple[str, ...], np.memmap] = {}
+        self._specs: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]] = {}
+        self._episode_files: dict[str, Any] = {}
+        self.capacity = 0
+        self.lanes = 0
+
+    def _file(self, key: tuple[str, ...]) -> Path:
+        return self.path.joinpath(*key[:-1], key[-1] + ".memmap")
+
+    def _open(self) -> None:
+        self.path.mkdir()
+        (self.path / "episodes").mkdir()
+        for name in COLUMNS:
+            self._episode_files[name] = open(self.path / "episodes" / f"{name}.memmap", "wb")
+        self._write_td_meta()
+        write_json(self.path / META_FILE, self.meta)
+
+    def _create(self, items, lanes: int) -> None:
+        self.lanes = lanes
+        for key, array in items:
+            self._specs[key] = (array.shape[2:], array.dtype)
+            self._file(key).parent.mkdir(parents=True, exist_ok=True)
+        self._resize(max(self.planned_steps or 0, items[0][1].shape[1]))
+
+    def _resize(self, capacity: int) -> None:
+        """(Re)allocate every frame file with ``capacity`` steps, keeping what is written."""
+        keep = min(self.steps, capacity)
+        for key, (feat, dtype) in self._specs.items():
+            final = self._file(key)
+            tmp = final.with_name(final.name + ".tmp")
+            new = np.memmap(tmp, dtype=dtype, mode="w+", shape=(self.lanes, capacity, *feat))
+            old = self._maps.get(key)
+            if old is not None and keep:
+                new[:, :keep] = old[:, :keep]
+            new.flush()
+            del new
+            self._maps.pop(key, None)
+            os.replace(tmp, final)
+            self._maps[key] = np.memmap(
+                final, dtype=dtype, mode="r+", shape=(self.lanes, capacity, *feat)
+            )
+        self.capacity = capacity
+        self._write_td_meta()
+
+    def _write_frames(self, items, t0: int, steps: int) -> None:
+        if t0 + steps > self.capacity:
+            self._resize(max(2 * self.capacity, t0 + steps))
+        for key, array in items:
+            self._maps[key][:, t0 : t0 + steps] = array
+
+    def _write_episodes(self, rows: Rows, start: int) -> None:
+        if len(rows["traj_id"]):
+            for name, f in self._episode_files.items():
+                f.write(np.ascontiguousarray(rows[name], COLUMNS[name]).tobytes())
+
+    def _write_td_meta(self, only_episodes: bool = False) -> None:
+        leaves = {k: ((self.lanes, self.capacity, *feat), dt) for k, (feat, dt) in self._specs.items()}
+        for name, dtype in COLUMNS.items():
+            leaves[("episodes", name)] = ((self.episodes,), dtype)
+        for key, content in td_meta_tree(leaves).items():
+            if only_episodes and key != ("episodes",):
+                continue
+            shape = [self.episodes] if key == ("episodes",) else []
+            content.update(shape=shape, device="cpu", **TD_CLASS)
+            content["_class"] = "tensordict:TensorDict"
+            write_json(self.path.joinpath(*key, "meta.json"), content)
+
+    def _commit(self) -> None:
+        for mm in self._maps.values():
+            mm.flush()
+        for f in self._episode_files.values():
+            f.flush()
+            os.fsync(f.fileno())
+        self._write_td_meta(only_episodes=True)
+        write_json(self.path / META_FILE, self.meta)
+
+    def close(self, status: str = "complete") -> None:
+        if status == "complete" and self._specs and self.capacity != self.steps:
+            self._resize(self.steps)
+        super().close(status)
+
+    def _close(self) -> None:
+        for f in self._episode_files.values():
+            f.close()
+        self._episode_files.clear()
+        self._maps.clear()
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    with open(path / META_FILE) as f:
+        return json.load(f)
