@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -61,7 +62,21 @@ def _compose(overrides: list[str]):
         with initialize_config_dir(config_dir=str(config.conf_dir()), version_base=None):
             return compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(_hydra_message(exc)) from None
+        message = _hydra_message(exc)
+        key = _failing_key(exc)
+        if key and key not in message:
+            message = f"{key}: {message}"
+        raise ConfigError(message) from None
+
+
+def _failing_key(exc: BaseException | None) -> str | None:
+    """The config key OmegaConf blamed, searched along the exception chain."""
+    while exc is not None:
+        key = getattr(exc, "full_key", None)
+        if key:
+            return str(key)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _hydra_message(exc: Exception) -> str:
@@ -74,10 +89,15 @@ def _hydra_message(exc: Exception) -> str:
         return detail
     if not lines:
         return type(exc).__name__
-    if lines[0].startswith("In 'config': Could not find") or "Available options" in str(exc):
-        options = [ln.removeprefix("Available options:").strip() for ln in lines[1:]]
-        choices = ", ".join(o for o in options if o)
-        return f"{lines[0]}; choose from: {choices}" if choices else lines[0]
+    missing = re.search(r"Could not find '([^/']+)/([^']*)'", lines[0])
+    if missing:
+        group, option = missing.groups()
+        options = []
+        if "Available options" in str(exc):
+            start = next(i for i, ln in enumerate(lines) if ln.startswith("Available options"))
+            options = [ln for ln in lines[start + 1 :] if not ln.startswith("Config search path")]
+            options = options[: next((i for i, o in enumerate(options) if "=" in o), len(options))]
+        return f"unknown {group} {option!r}: choose from {', '.join(options)}"
     return lines[0]
 
 
@@ -180,7 +200,7 @@ def _info_dict(path: Path) -> dict[str, Any]:
         "episodes": count,
         "complete_episodes": int(complete.sum()),
         "return": stats,
-        "keys": [{"key": k, "shape": list(s), "dtype": d} for k, s, d in ds.keys()],
+        "keys": [{"key": k, "shape": list(s), "dtype": d} for k, s, d in ds.describe()],
         "size_bytes": sum(f.stat().st_blocks * 512 for f in files),
         "start_time": meta.get("start_time"),
         "end_time": meta.get("end_time"),
@@ -191,8 +211,8 @@ def _info_dict(path: Path) -> dict[str, Any]:
 
 @app.command()
 def info(
-    path: Path = typer.Argument(..., help="An rlcollect dataset (.h5 file or memmap directory)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Show what is in a dataset: frames, episodes, returns, keys, size, status, config."""
 
@@ -213,13 +233,28 @@ def _print_info(data: dict[str, Any]) -> None:
 
     console = Console()
     summary = Table(show_header=False, box=None)
-    for field in ("path", "backend", "status", "env_id", "policy", "seed", "frames", "lanes",
-                  "steps", "episodes", "complete_episodes", "size_bytes", "start_time", "end_time"):
+    for field in (
+        "path",
+        "backend",
+        "status",
+        "env_id",
+        "policy",
+        "seed",
+        "frames",
+        "lanes",
+        "steps",
+        "episodes",
+        "complete_episodes",
+        "size_bytes",
+        "start_time",
+        "end_time",
+    ):
         summary.add_row(field, str(data[field]))
     if data["return"]:
         r = data["return"]
         summary.add_row(
-            "return", f"mean {r['mean']:.3f}  std {r['std']:.3f}  min {r['min']:.3f}  max {r['max']:.3f}"
+            "return",
+            f"mean {r['mean']:.3f}  std {r['std']:.3f}  min {r['min']:.3f}  max {r['max']:.3f}",
         )
     console.print(summary)
     keys = Table("key", "shape", "dtype", title="arrays")

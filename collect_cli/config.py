@@ -181,6 +181,8 @@ def default_out(env_id: str, policy: str, seed: int, writer: str) -> Path:
 
 def load(cfg: DictConfig) -> Settings:
     """Validate a composed config into :class:`Settings` (raises ConfigError)."""
+    if OmegaConf.is_missing(cfg.env, "id"):
+        raise ConfigError("env=gym needs an id: add env.id=<gymnasium id>, e.g. env.id=Hopper-v5")
     try:
         env = OmegaConf.to_object(cfg.env)
         collector = OmegaConf.to_object(cfg.collector)

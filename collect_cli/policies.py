@@ -4,6 +4,7 @@ and, optionally, extra outputs such as ``sample_log_prob``."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -132,7 +133,7 @@ class MlpPolicy(nn.Module):
             out_dim = math.prod(action_space.shape)
         layers: list[nn.Module] = []
         sizes = [in_dim, *hidden]
-        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+        for a, b in itertools.pairwise(sizes):
             layers += [nn.Linear(a, b), ACTIVATIONS[activation]()]
         layers.append(nn.Linear(sizes[-1], out_dim))
         self.net = nn.Sequential(*layers)

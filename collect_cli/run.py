@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -77,10 +77,8 @@ def resolve_device(name: str, key: str = "device"):
 def library_versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for dist in ("torch", "tensordict", "gymnasium", "numpy", "h5py", "hydra-core"):
-        try:
+        with suppress(PackageNotFoundError):
             out[dist] = version(dist)
-        except PackageNotFoundError:
-            pass
     return out
 
 

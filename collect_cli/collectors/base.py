@@ -4,6 +4,7 @@ batches shaped ``[lanes, time]``, with the seed's lifecycle methods."""
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,10 +44,8 @@ class CollectorBase(IterableDataset, metaclass=abc.ABCMeta):
         self.shutdown()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter teardown: nothing left to release
             self.shutdown()
-        except Exception:  # interpreter teardown: nothing left to release safely
-            pass
 
     @abc.abstractmethod
     def iterator(self) -> Iterator[TensorDictBase]: ...

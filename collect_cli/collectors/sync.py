@@ -66,7 +66,9 @@ class SyncCollector(CollectorBase):
 
     # -- set-up -----------------------------------------------------------------------
     def _policy_input(self, obs: list[np.ndarray]) -> TensorDict:
-        data = {k: torch.from_numpy(np.asarray(a)) for k, a in zip(self._obs_keys, obs, strict=True)}
+        data = {
+            k: torch.from_numpy(np.asarray(a)) for k, a in zip(self._obs_keys, obs, strict=True)
+        }
         td = TensorDict(data, batch_size=[self.num_envs])
         return td.to(self.device) if self.device.type != "cpu" else td
 
@@ -83,8 +85,9 @@ class SyncCollector(CollectorBase):
             if value is None:
                 raise PolicyError(f"the policy did not set {'/'.join(key)!r} (expected {want})")
             if tuple(value.shape) != want:
+                got = tuple(value.shape)
                 raise PolicyError(
-                    f"the policy's {'/'.join(key)!r} has shape {tuple(value.shape)}, expected {want}"
+                    f"the policy's {'/'.join(key)!r} has shape {got}, expected {want}"
                 )
         buf: dict[Any, torch.Tensor] = {}
         for key, leaf in zip(self._obs_keys, self.env.obs_leaves, strict=True):
@@ -192,7 +195,9 @@ class SyncCollector(CollectorBase):
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"frames": self._frames, "next_traj_id": self._next_id}
         if isinstance(self.policy, nn.Module):
-            state["policy_state_dict"] = self.policy.state_dict()
+            state["policy_state_dict"] = {
+                k: v.detach().clone() for k, v in self.policy.state_dict().items()
+            }
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ class Dataset:
     backend: str
     meta: dict[str, Any]
 
-    def keys(self) -> list[tuple[str, tuple[int, ...], str]]:
+    def describe(self) -> list[tuple[str, tuple[int, ...], str]]:
         """``(key, shape, dtype)`` of every stored array, keys joined by ``/``."""
         if self.backend == "hdf5":
             from collect_cli.writers.hdf5 import describe_keys
@@ -46,7 +46,11 @@ class Dataset:
             return describe_keys(self.path)
         td = self.load()
         return [
-            ("/".join(k) if isinstance(k, tuple) else k, tuple(v.shape), str(v.dtype).split(".")[-1])
+            (
+                "/".join(k) if isinstance(k, tuple) else k,
+                tuple(v.shape),
+                str(v.dtype).split(".")[-1],
+            )
             for k, v in td.items(True, True)
         ]
 

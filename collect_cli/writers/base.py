@@ -9,6 +9,7 @@ After ``commit`` returns, the dataset on disk is consistent up to that batch.
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import shutil
 import time
@@ -32,7 +33,9 @@ def now() -> str:
 def check_output(path: Path, overwrite: bool) -> None:
     """Fail early (before any env starts) if ``path`` cannot be written."""
     if path.exists() and not overwrite:
-        raise OutputError(f"output {str(path)!r} already exists: pass overwrite=true or another out=")
+        raise OutputError(
+            f"output {str(path)!r} already exists: pass overwrite=true or another out="
+        )
     parent = path.parent
     existing = parent
     while not existing.exists():
@@ -143,10 +146,8 @@ class Writer(abc.ABC):
             self.meta.update(status=status, end_time=now())
             self.commit()
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 self._close()
-            except OSError:
-                pass
 
     def _os_error(self, exc: OSError) -> WriteError:
         reason = exc.strerror or str(exc)

@@ -78,7 +78,9 @@ class MemmapWriter(Writer):
         self.path.mkdir()
         (self.path / "episodes").mkdir()
         for name in COLUMNS:
-            self._episode_files[name] = open(self.path / "episodes" / f"{name}.memmap", "wb")
+            # append-only, held open for the writer's lifetime; closed in _close
+            file = self.path / "episodes" / f"{name}.memmap"
+            self._episode_files[name] = open(file, "wb")  # noqa: SIM115
         self._write_td_meta()
         write_json(self.path / META_FILE, self.meta)
 
@@ -121,7 +123,9 @@ class MemmapWriter(Writer):
                 f.write(np.ascontiguousarray(rows[name], COLUMNS[name]).tobytes())
 
     def _write_td_meta(self, only_episodes: bool = False) -> None:
-        leaves = {k: ((self.lanes, self.capacity, *feat), dt) for k, (feat, dt) in self._specs.items()}
+        leaves = {
+            k: ((self.lanes, self.capacity, *feat), dt) for k, (feat, dt) in self._specs.items()
+        }
         for name, dtype in COLUMNS.items():
             leaves[("episodes", name)] = ((self.episodes,), dtype)
         for key, content in td_meta_tree(leaves).items():

@@ -1,0 +1,78 @@
+"""Small deterministic gymnasium envs for tests (importable as ``toyenvs:<Id>``)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class CounterEnv(gym.Env):
+    """obs = step index; reward = step index + 1; terminates after ``length`` steps."""
+
+    def __init__(self, length: int = 5):
+        self.length = length
+        self.observation_space = spaces.Box(0, 1000, (1,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float(self.t)
+        return np.array([self.t], np.float32), reward, self.t >= self.length, False, {}
+
+
+class NestedEnv(gym.Env):
+    """Dict obs (Box, Discrete, MultiBinary); Tuple action (Discrete, Box, MultiDiscrete)."""
+
+    def __init__(self):
+        self.observation_space = spaces.Dict(
+            {
+                "pos": spaces.Box(-1, 1, (2,), np.float32),
+                "mode": spaces.Discrete(3),
+                "flags": spaces.MultiBinary(4),
+            }
+        )
+        self.action_space = spaces.Tuple(
+            (spaces.Discrete(4), spaces.Box(-2, 2, (3,), np.float32), spaces.MultiDiscrete([2, 5]))
+        )
+        self.t = 0
+
+    def _obs(self):
+        return {
+            "pos": np.array([self.t / 10, -self.t / 10], np.float32),
+            "mode": self.t % 3,
+            "flags": np.array([self.t % 2, 1, 0, 1], np.int8),
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        choice, vec, multi = action
+        assert self.action_space.contains((int(choice), np.asarray(vec, np.float32), multi))
+        self.t += 1
+        return self._obs(), float(choice), False, self.t >= 7, {}
+
+
+class TextEnv(gym.Env):
+    observation_space = spaces.Text(8)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return "a", {}
+
+    def step(self, action):
+        return "a", 0.0, False, False, {}
+
+
+gym.register("Counter-v0", entry_point=CounterEnv)
+gym.register("Nested-v0", entry_point=NestedEnv)
+gym.register("Text-v0", entry_point=TextEnv)

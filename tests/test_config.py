@@ -1,0 +1,66 @@
+"""Config composition and validation (no env started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collect_cli import config
+from collect_cli.cli import _compose
+from collect_cli.errors import ConfigError
+
+
+def settings(*overrides: str) -> config.Settings:
+    return config.load(_compose(list(overrides)))
+
+
+def test_defaults():
+    s = settings()
+    assert s.env.id == "Pendulum-v1" and s.env.num_envs == 8
+    assert s.total_frames == 1_000_000 and s.frames_per_batch == 1000
+    assert s.policy.name == "random" and s.writer.name == "hdf5"
+    assert s.out == Path("data/Pendulum-v1_random_s0.h5")
+    assert "total_frames: 1000000" in s.config_yaml
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("1e6", 1_000_000), ("20000", 20000), ("-1", -1), ("2.0e3", 2000)]
+)
+def test_total_frames_accepts_scientific(value, expected):
+    assert settings(f"total_frames={value}").total_frames == expected
+
+
+@pytest.mark.parametrize("value", ["1.5", "abc", "0", "-2", "true", "1e400"])
+def test_total_frames_rejects(value):
+    with pytest.raises(ConfigError, match="total_frames"):
+        settings(f"total_frames={value}")
+
+
+def test_groups_and_memmap_default_out():
+    s = settings("env=CartPole", "policy=mlp", "policy.hidden=[32]", "writer=memmap", "seed=4")
+    assert s.env.id == "CartPole-v1" and s.policy.hidden == [32]
+    assert s.out == Path("data/CartPole-v1_mlp_s4")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["policy=nope"], "policy"),
+        (["policy=mlp", "policy.activation=swish"], "choose from tanh"),
+        (["policy.activation=relu"], "activation"),
+        (["writer.compression=zstd"], "choose from none, gzip, lzf"),
+        (["progress=loud"], "choose from auto"),
+        (["env.num_envs=0"], "num_envs"),
+        (["env.backend=native"], "choose from gymnasium"),
+        (["seed=abc"], "seed"),
+    ],
+)
+def test_invalid_values(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        settings(*overrides)
+
+
+def test_conf_ships_inside_package():
+    assert (config.conf_dir() / "config.yaml").is_file()
+    assert (config.conf_dir() / "env" / "Acrobot.yaml").is_file()

@@ -1,0 +1,76 @@
+"""EpisodeTracker against hand-computed rows, across batch boundaries and padding."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from collect_cli.writers.episodes import EpisodeTracker
+
+
+def batch(traj, reward, done, mask=None, term=None):
+    traj = torch.tensor(traj)
+    shape = traj.shape
+    done = torch.tensor(done, dtype=torch.bool)
+    term = done if term is None else torch.tensor(term, dtype=torch.bool)
+    mask = torch.ones(shape, dtype=torch.bool) if mask is None else torch.tensor(mask)
+    return TensorDict(
+        {
+            ("collector", "traj_ids"): traj,
+            ("collector", "mask"): mask,
+            ("next", "reward"): torch.tensor(reward, dtype=torch.float32)[..., None],
+            ("next", "done"): done[..., None],
+            ("next", "terminated"): term[..., None],
+            ("next", "truncated"): (done & ~term)[..., None],
+        },
+        batch_size=shape,
+    )
+
+
+def test_rows_across_batches():
+    tr = EpisodeTracker(2)
+    rows = tr.update(
+        batch(
+            [[0, 0, 2, 2], [1, 1, 1, 1]],
+            [[1, 2, 3, 4], [10, 20, 30, 40]],
+            [[0, 1, 0, 0], [0, 0, 0, 0]],
+        ),
+        t0=0,
+    )
+    assert rows["traj_id"].tolist() == [0]
+    assert rows["return"].tolist() == [3.0] and rows["length"].tolist() == [2]
+    rows = tr.update(
+        batch(
+            [[2, 3, 3, 4], [1, 5, 5, 5]],
+            [[5, 6, 7, 8], [50, 60, 70, 80]],
+            [[1, 0, 1, 0], [1, 0, 0, 0]],
+            term=[[0, 0, 1, 0], [1, 0, 0, 0]],
+        ),
+        t0=4,
+    )
+    # chronological: (t=4: lanes 0 and 1), then (t=6: lane 0)
+    assert rows["traj_id"].tolist() == [2, 1, 3]
+    assert rows["lane"].tolist() == [0, 1, 0]
+    assert rows["start"].tolist() == [2, 0, 5]
+    assert rows["length"].tolist() == [3, 5, 2]
+    assert rows["return"].tolist() == [12.0, 150.0, 13.0]
+    assert rows["truncated"].tolist() == [True, False, False]
+    assert rows["terminated"].tolist() == [False, True, True]
+    tail = tr.finish()
+    assert tail["traj_id"].tolist() == [4, 5]
+    assert tail["start"].tolist() == [7, 5]
+    assert tail["length"].tolist() == [1, 3]
+    assert tail["return"].tolist() == [8.0, 210.0]
+    assert not tail["complete"].any()
+
+
+def test_padding_is_not_counted():
+    tr = EpisodeTracker(1)
+    rows = tr.update(
+        batch([[0, 0, -1]], [[1, 1, 0]], [[0, 0, 0]], mask=[[True, True, False]]), t0=0
+    )
+    assert len(rows["traj_id"]) == 0
+    rows = tr.update(batch([[0, 1]], [[1, 1]], [[1, 0]]), t0=3)
+    assert rows["length"].tolist() == [3] and rows["return"].tolist() == [3.0]
+    np.testing.assert_array_equal(tr.finish()["traj_id"], [1])

@@ -1,0 +1,117 @@
+"""The Writer contract, checked identically on every backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from collect_cli.collectors import SyncCollector
+from collect_cli.envs import env_factory
+from collect_cli.errors import OutputError
+from collect_cli.writers import check_output, make_writer, open_dataset
+from tests.conftest import out_path
+
+
+def write(path, backend, batches, planned=None, status="complete", **kw):
+    w = make_writer(backend, path, metadata={"env_id": "X"}, planned_steps=planned, **kw).open()
+    for b in batches:
+        w.append(b)
+        w.commit()
+    w.close(status)
+    return w
+
+
+@pytest.fixture(scope="module")
+def batches():
+    with SyncCollector(env_factory("CartPole-v1", 3), frames_per_batch=60, total_frames=600) as c:
+        return [b for b in c]
+
+
+@pytest.mark.parametrize("planned", [200, None, 50])
+def test_roundtrip_values(tmp_path, backend, batches, planned):
+    path = out_path(tmp_path, backend)
+    write(path, backend, batches, planned=planned)
+    td = open_dataset(path).load()
+    whole = torch.cat(batches, dim=1)
+    for key in whole.keys(True, True):
+        got = td.get(key)
+        assert got.shape == whole.get(key).shape, key
+        assert torch.equal(torch.as_tensor(np.asarray(got)), whole.get(key)), key
+
+
+def test_episodes_match_frames(tmp_path, backend, batches):
+    path = out_path(tmp_path, backend)
+    write(path, backend, batches)
+    ds = open_dataset(path)
+    ep = ds.episodes()
+    traj, rew = ds.array("collector/traj_ids"), ds.array("next/reward")[..., 0]
+    assert len(np.unique(ep["traj_id"])) == len(ep["traj_id"]) == len(np.unique(traj))
+    assert ep["length"].sum() == traj.size
+    for i in range(len(ep["traj_id"])):
+        lane, s, n = ep["lane"][i], ep["start"][i], ep["length"][i]
+        assert (traj[lane, s : s + n] == ep["traj_id"][i]).all()
+        assert np.isclose(rew[lane, s : s + n].sum(), ep["return"][i])
+    # incomplete episodes are the running tail of each lane
+    assert (~ep["complete"]).sum() == 3
+    assert not ep["terminated"][~ep["complete"]].any()
+    assert ds.meta["episodes"] == len(ep["traj_id"])
+
+
+def test_metadata_and_status(tmp_path, backend, batches):
+    path = out_path(tmp_path, backend)
+    write(path, backend, batches[:2], status="interrupted")
+    meta = open_dataset(path).meta
+    assert meta["status"] == "interrupted"
+    assert meta["frames"] == 2 * batches[0].numel()
+    assert meta["env_id"] == "X" and meta["format_version"] == 1
+    assert meta["start_time"] and meta["end_time"]
+
+
+def test_commit_makes_data_visible_while_running(tmp_path, backend, batches):
+    path = out_path(tmp_path, backend)
+    w = make_writer(backend, path, metadata={}, planned_steps=500).open()
+    w.append(batches[0])
+    w.commit()
+    meta = open_dataset(path).meta
+    assert meta["status"] == "running" and meta["frames"] == batches[0].numel()
+    w.close()
+
+
+def test_overwrite_protection(tmp_path, backend, batches):
+    path = out_path(tmp_path, backend)
+    write(path, backend, batches[:1])
+    with pytest.raises(OutputError, match="already exists"):
+        make_writer(backend, path, metadata={}).open()
+    write(path, backend, batches[:2], overwrite=True)
+    assert open_dataset(path).meta["frames"] == 2 * batches[0].numel()
+
+
+def test_unwritable_output(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OutputError, match="not writable"):
+        check_output(blocker / "sub" / "ds.h5", overwrite=False)
+
+
+def test_hdf5_compression(tmp_path, batches):
+    import h5py
+
+    path = tmp_path / "c.h5"
+    write(path, "hdf5", batches, compression="gzip", chunk_frames=64)
+    with h5py.File(path) as f:
+        assert f["observation"].compression == "gzip"
+        assert f["observation"].chunks == (1, 64, 4)
+    stored = open_dataset(path).array("observation")
+    np.testing.assert_array_equal(stored, torch.cat(batches, 1)["observation"].numpy())
+
+
+def test_not_a_dataset(tmp_path):
+    with pytest.raises(OutputError, match="no dataset"):
+        open_dataset(tmp_path / "missing.h5")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(OutputError, match="not a dataset"):
+        open_dataset(tmp_path / "d")
+    (tmp_path / "junk.h5").write_text("not hdf5")
+    with pytest.raises(OutputError, match="not a readable HDF5"):
+        open_dataset(tmp_path / "junk.h5")
