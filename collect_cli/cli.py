@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 import traceback
 from pathlib import Path
@@ -49,58 +48,6 @@ def _root(
     """Roll out a policy in RL environments and write the trajectories as a dataset."""
 
 
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from collect_cli import config
-    from collect_cli.errors import ConfigError
-
-    config.register()
-    try:
-        with initialize_config_dir(config_dir=str(config.conf_dir()), version_base=None):
-            return compose("config", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as exc:
-        message = _hydra_message(exc)
-        key = _failing_key(exc)
-        if key and key not in message:
-            message = f"{key}: {message}"
-        raise ConfigError(message) from None
-
-
-def _failing_key(exc: BaseException | None) -> str | None:
-    """The config key OmegaConf blamed, searched along the exception chain."""
-    while exc is not None:
-        key = getattr(exc, "full_key", None)
-        if key:
-            return str(key)
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _hydra_message(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    cause = exc.__cause__
-    if cause is not None and str(cause).strip():
-        detail = str(cause).strip().splitlines()[0]
-        if lines and lines[0].startswith("Could not override"):
-            return f"{lines[0]} {detail}"
-        return detail
-    if not lines:
-        return type(exc).__name__
-    missing = re.search(r"Could not find '([^/']+)/([^']*)'", lines[0])
-    if missing:
-        group, option = missing.groups()
-        options = []
-        if "Available options" in str(exc):
-            start = next(i for i, ln in enumerate(lines) if ln.startswith("Available options"))
-            options = [ln for ln in lines[start + 1 :] if not ln.startswith("Config search path")]
-            options = options[: next((i for i, o in enumerate(options) if "=" in o), len(options))]
-        return f"unknown {group} {option!r}: choose from {', '.join(options)}"
-    return lines[0]
-
-
 _RUN_HELP = """Collect a dataset. Arguments are Hydra overrides (key=value).
 
 \b
@@ -121,10 +68,32 @@ The last stdout line is a JSON summary. Exit codes: 0 done, 1 runtime failure,
     help=_RUN_HELP,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
 )
-def run(ctx: typer.Context) -> None:
+def run(
+    ctx: typer.Context,
+    cfg: Annotated[
+        str | None,
+        typer.Option("--cfg", "-c", help="Print the composed config (job) and exit, as Hydra's."),
+    ] = None,
+) -> None:
     overrides = list(ctx.args)
     debug = any(o.strip().lower() in ("debug=true", "debug=1", "debug=yes") for o in overrides)
+    if cfg is not None:
+        raise typer.Exit(_guarded(lambda: _print_cfg(cfg, overrides), debug))
     raise typer.Exit(_guarded(lambda: _run(overrides), debug))
+
+
+def _print_cfg(which: str, overrides: list[str]) -> int:
+    from omegaconf import OmegaConf
+
+    from collect_cli import config
+    from collect_cli.errors import UsageError
+
+    if which != "job":
+        raise UsageError(f"--cfg {which!r} is not supported: use --cfg job")
+    composed = config.compose(overrides)
+    config.load(composed)  # validate, so that a printed config is a runnable one
+    print(OmegaConf.to_yaml(composed), end="")
+    return EXIT_OK
 
 
 def _run(overrides: list[str]) -> int:
@@ -132,7 +101,7 @@ def _run(overrides: list[str]) -> int:
     from collect_cli.progress import make_progress
     from collect_cli.run import run as run_collection
 
-    settings = config.load(_compose(overrides))
+    settings = config.load(config.compose(overrides))
     logging.basicConfig(
         level=logging.DEBUG if settings.debug else logging.WARNING,
         format="rlcollect: %(levelname)s: %(message)s",
@@ -264,6 +233,69 @@ def _print_info(data: dict[str, Any]) -> None:
     if data["config"]:
         console.print("config:", style="bold")
         console.print(data["config"], markup=False, highlight=False)
+
+
+@app.command()
+def envs(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List env presets, the env backends available here, and whether CUDA is."""
+
+    def show() -> int:
+        data = _envs_dict()
+        if as_json:
+            print(json.dumps(data, indent=2))
+            return EXIT_OK
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("preset", "env id", "usage", title="env presets")
+        for p in data["presets"]:
+            table.add_row(p["name"], p["id"] or "(any: env.id=...)", p["usage"])
+        console = Console()
+        console.print(table)
+        for b in data["backends"]:
+            state = "available" if b["available"] else f"missing ({b['detail']})"
+            console.print(f"backend {b['name']}: {state}", highlight=False)
+        cuda = data["cuda"]
+        devices = ", ".join(cuda["devices"]) or "none"
+        console.print(
+            f"cuda: {'available' if cuda['available'] else 'not available'} (devices: {devices})",
+            highlight=False,
+        )
+        return EXIT_OK
+
+    raise typer.Exit(_guarded(show, debug=False))
+
+
+def _envs_dict() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import yaml
+
+    from collect_cli import config
+
+    presets = []
+    for file in sorted((config.conf_dir() / "env").glob("*.yaml")):
+        data = yaml.safe_load(file.read_text())
+        env_id = None if data.get("id") == "???" else data.get("id")
+        usage = f"env={file.stem}" + ("" if env_id else " env.id=<gymnasium id>")
+        presets.append({"name": file.stem, "id": env_id, "usage": usage})
+    backends = []
+    for name in config.ENV_BACKENDS:
+        try:
+            backends.append({"name": name, "available": True, "detail": version(name)})
+        except PackageNotFoundError:
+            backends.append({"name": name, "available": False, "detail": "not installed"})
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    devices = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(count)]
+    return {
+        "presets": presets,
+        "backends": backends,
+        "cuda": {"available": count > 0, "devices": devices},
+    }
 
 
 def main() -> None:

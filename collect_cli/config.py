@@ -47,8 +47,37 @@ class MlpPolicyConfig:
 
 
 @dataclass
-class CollectorConfig:
+class SyncCollectorConfig:
     name: str = "sync"
+
+
+@dataclass
+class MultiSyncCollectorConfig:
+    name: str = "multisync"
+    workers: int = 2
+    preemptive_threshold: float = 1.0
+    start_method: str = "auto"
+
+
+@dataclass
+class MultiAsyncCollectorConfig:
+    name: str = "multiasync"
+    workers: int = 2
+    start_method: str = "auto"
+
+
+@dataclass
+class AsyncCollectorConfig:
+    name: str = "async"
+    start_method: str = "auto"
+
+
+CollectorConfig = (
+    SyncCollectorConfig
+    | MultiSyncCollectorConfig
+    | MultiAsyncCollectorConfig
+    | AsyncCollectorConfig
+)
 
 
 @dataclass
@@ -72,7 +101,7 @@ class NoPostprocConfig:
 class RunConfig:
     env: EnvConfig = MISSING
     policy: Any = MISSING
-    collector: CollectorConfig = MISSING
+    collector: Any = MISSING
     writer: Any = MISSING
     postproc: Any = MISSING
     total_frames: Any = 1_000_000
@@ -89,7 +118,13 @@ class RunConfig:
 POLICY_SCHEMAS = {"random": RandomPolicyConfig, "mlp": MlpPolicyConfig}
 WRITER_SCHEMAS = {"hdf5": Hdf5WriterConfig, "memmap": MemmapWriterConfig}
 POSTPROC_SCHEMAS = {"none": NoPostprocConfig}
-COLLECTORS = ("sync",)
+COLLECTOR_SCHEMAS = {
+    "sync": SyncCollectorConfig,
+    "multisync": MultiSyncCollectorConfig,
+    "multiasync": MultiAsyncCollectorConfig,
+    "async": AsyncCollectorConfig,
+}
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
 
 
 @dataclass
@@ -185,15 +220,21 @@ def load(cfg: DictConfig) -> Settings:
         raise ConfigError("env=gym needs an id: add env.id=<gymnasium id>, e.g. env.id=Hopper-v5")
     try:
         env = OmegaConf.to_object(cfg.env)
-        collector = OmegaConf.to_object(cfg.collector)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid config: {_first_line(exc)}") from None
     policy = _option("policy", cfg.policy, POLICY_SCHEMAS)
     writer = _option("writer", cfg.writer, WRITER_SCHEMAS)
     postproc = _option("postproc", cfg.postproc, POSTPROC_SCHEMAS)
+    collector = _option("collector", cfg.collector, COLLECTOR_SCHEMAS)
 
     _choice("env.backend", env.backend, ENV_BACKENDS)
-    _choice("collector", collector.name, COLLECTORS)
+    if hasattr(collector, "start_method"):
+        _choice("collector.start_method", collector.start_method, START_METHODS)
+    if getattr(collector, "workers", 1) < 1:
+        raise ConfigError(f"collector.workers must be at least 1, got {collector.workers}")
+    threshold = getattr(collector, "preemptive_threshold", 1.0)
+    if not 0.0 < threshold <= 1.0:
+        raise ConfigError(f"collector.preemptive_threshold must be in (0, 1], got {threshold}")
     _choice("progress", cfg.progress, PROGRESS_MODES)
     if env.num_envs < 1:
         raise ConfigError(f"env.num_envs must be at least 1, got {env.num_envs}")
@@ -227,3 +268,53 @@ def load(cfg: DictConfig) -> Settings:
         debug=bool(cfg.debug),
         config_yaml=OmegaConf.to_yaml(cfg),
     )
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """Compose ``conf/config.yaml`` with Hydra overrides (raises ConfigError)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    register()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            return hydra_compose("config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        message = _hydra_message(exc)
+        key = _failing_key(exc)
+        if key and key not in message:
+            message = f"{key}: {message}"
+        raise ConfigError(message) from None
+
+
+def _failing_key(exc: BaseException | None) -> str | None:
+    """The config key OmegaConf blamed, searched along the exception chain."""
+    while exc is not None:
+        key = getattr(exc, "full_key", None)
+        if key:
+            return str(key)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _hydra_message(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    cause = exc.__cause__
+    if cause is not None and str(cause).strip():
+        detail = str(cause).strip().splitlines()[0]
+        if lines and lines[0].startswith("Could not override"):
+            return f"{lines[0]} {detail}"
+        return detail
+    if not lines:
+        return type(exc).__name__
+    missing = re.search(r"Could not find '([^/']+)/([^']*)'", lines[0])
+    if missing:
+        group, option = missing.groups()
+        options = []
+        if "Available options" in str(exc):
+            start = next(i for i, ln in enumerate(lines) if ln.startswith("Available options"))
+            options = [ln for ln in lines[start + 1 :] if not ln.startswith("Config search path")]
+            options = options[: next((i for i, o in enumerate(options) if "=" in o), len(options))]
+        return f"unknown {group} {option!r}: choose from {', '.join(options)}"
+    return lines[0]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,59 +35,66 @@ def torch_dtype(dtype: np.dtype) -> torch.dtype:
 
 
 class RandomPolicy(nn.Module):
-    """Uniform actions inside the action space, sampled for all lanes at once."""
+    """Uniform actions inside the action space, sampled for all lanes at once.
 
-    def __init__(self, action_space: spaces.Space, device: torch.device, seed: int = 0):
+    Bounded Box dims are uniform; half-bounded dims are shifted exponentials and
+    unbounded dims normal (gymnasium's rule). The sampler of each leaf is chosen
+    once, so a step costs one or two torch calls per leaf.
+    """
+
+    def __init__(self, action_space: spaces.Space, device: torch.device | str, seed: int = 0):
         super().__init__()
         self.leaves = specs.leaves(action_space, "action space")
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
-        self._bounds = [self._leaf_bounds(leaf) for leaf in self.leaves]
+        self._samplers = [self._sampler(leaf) for leaf in self.leaves]
 
-    def _leaf_bounds(self, leaf: specs.Leaf) -> tuple[torch.Tensor, torch.Tensor] | None:
-        space = leaf.space
-        if isinstance(space, spaces.Box):
-            low = torch.as_tensor(space.low, dtype=torch.float64, device=self.device)
-            high = torch.as_tensor(space.high, dtype=torch.float64, device=self.device)
-            return low, high
+    def _sampler(self, leaf: specs.Leaf) -> Callable[[int], torch.Tensor]:
+        g, dev, space = self.generator, self.device, leaf.space
+        dtype = torch_dtype(leaf.dtype)
+
+        def rand(n: int, dt: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.rand((n, *leaf.shape), generator=g, device=dev, dtype=dt)
+
         if isinstance(space, spaces.Discrete):
-            start = torch.tensor(int(space.start), device=self.device)
-            return start, torch.tensor(int(space.n), device=self.device)
+            start, count = int(space.start), int(space.n)
+            return lambda n: torch.randint(
+                start, start + count, (n,), generator=g, device=dev, dtype=dtype
+            )
         if isinstance(space, spaces.MultiDiscrete):
-            start = torch.as_tensor(space.start, device=self.device)
-            return start, torch.as_tensor(space.nvec, device=self.device)
-        return None
+            start = torch.as_tensor(space.start, device=dev)
+            nvec = torch.as_tensor(space.nvec, device=dev, dtype=torch.float64)
+            return lambda n: (start + torch.floor(rand(n, torch.float64) * nvec)).to(dtype)
+        if isinstance(space, spaces.MultiBinary):
+            return lambda n: torch.randint(
+                0, 2, (n, *leaf.shape), generator=g, device=dev, dtype=dtype
+            )
+        low = torch.as_tensor(space.low, dtype=torch.float64, device=dev)
+        high = torch.as_tensor(space.high, dtype=torch.float64, device=dev)
+        lo_ok, hi_ok = torch.isfinite(low), torch.isfinite(high)
+        integral = not np.issubdtype(leaf.dtype, np.floating)
+        if bool((lo_ok & hi_ok).all()):
+            if integral:  # integers low..high inclusive
+                span = high - low + 1
+                return lambda n: torch.floor(low + span * rand(n, torch.float64)).to(dtype)
+            work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+            low_w, span_w = low.to(work), (high - low).to(work)
+            return lambda n: (low_w + span_w * rand(n, work)).to(dtype)
 
-    def sample(self, n: int) -> list[torch.Tensor]:
-        out = []
-        for leaf, bounds in zip(self.leaves, self._bounds, strict=True):
-            out.append(self._sample_leaf(leaf, bounds, n).to(torch_dtype(leaf.dtype)))
-        return out
-
-    def _sample_leaf(self, leaf: specs.Leaf, bounds, n: int) -> torch.Tensor:
-        g, dev, shape = self.generator, self.device, (n, *leaf.shape)
-        space = leaf.space
-        if isinstance(space, spaces.Box):
-            low, high = bounds
-            u = torch.rand(shape, generator=g, device=dev, dtype=torch.float64)
-            e = -torch.log1p(-u)  # exponential samples for half-bounded dims
-            z = torch.randn(shape, generator=g, device=dev, dtype=torch.float64)
-            lo_ok, hi_ok = torch.isfinite(low), torch.isfinite(high)
+        def mixed(n: int) -> torch.Tensor:
+            u = rand(n, torch.float64)
+            e = -torch.log1p(-u)
+            z = torch.randn(u.shape, generator=g, device=dev, dtype=torch.float64)
             value = torch.where(lo_ok & hi_ok, low + (high - low) * u, z)
             value = torch.where(lo_ok & ~hi_ok, low + e, value)
             value = torch.where(~lo_ok & hi_ok, high - e, value)
-            if not np.issubdtype(leaf.dtype, np.floating):
-                both = lo_ok & hi_ok
-                value = torch.floor(torch.where(both, low + (high - low + 1) * u, value))
-                value = torch.minimum(value, torch.where(hi_ok, high, value))
-            return value
-        if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
-            start, count = bounds
-            u = torch.rand(shape, generator=g, device=dev, dtype=torch.float64)
-            return start + torch.floor(u * count).long()
-        # MultiBinary
-        return torch.randint(0, 2, shape, generator=g, device=dev)
+            return (torch.floor(value) if integral else value).to(dtype)
+
+        return mixed
+
+    def sample(self, n: int) -> list[torch.Tensor]:
+        return [sampler(n) for sampler in self._samplers]
 
     def forward(self, td: TensorDict) -> TensorDict:
         for leaf, value in zip(self.leaves, self.sample(td.batch_size[0]), strict=True):
@@ -181,6 +190,18 @@ def load_state_dict(module: nn.Module, path: str) -> None:
             f"policy checkpoint {path!r} does not match the MLP "
             f"({detail[1].strip() if len(detail) > 1 else detail[0]})"
         ) from None
+
+
+@dataclass(frozen=True)
+class PolicyFactory:
+    """A picklable recipe for the configured policy (each worker builds its own)."""
+
+    cfg: RandomPolicyConfig | MlpPolicyConfig
+    device: str
+    seed: int
+
+    def __call__(self, obs_space: spaces.Space, action_space: spaces.Space) -> nn.Module:
+        return build_policy(self.cfg, obs_space, action_space, torch.device(self.device), self.seed)
 
 
 def build_policy(

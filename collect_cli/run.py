@@ -109,51 +109,74 @@ def trap_signals(flag: StopFlag) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def build_collector(settings: Settings, device, storing_device):
+    """The configured collector over the configured env and policy (not yet iterated)."""
+    from collect_cli import collectors
+    from collect_cli.collectors import derive_seeds
+    from collect_cli.envs import env_factory
+    from collect_cli.policies import PolicyFactory
+
+    env_cfg, coll = settings.env, settings.collector
+    make_env = env_factory(env_cfg.id, env_cfg.num_envs, env_cfg.backend, env_cfg.kwargs)
+    policy = PolicyFactory(settings.policy, str(device), derive_seeds(settings.seed, 1, 2)[0])
+    common = {
+        "frames_per_batch": settings.frames_per_batch,
+        "total_frames": settings.total_frames,
+        "device": device,
+        "storing_device": storing_device,
+        "seed": settings.seed,
+    }
+    if coll.name == "sync":
+        return collectors.SyncCollector(make_env, policy, **common)
+    start_method = None if coll.start_method == "auto" else coll.start_method
+    if coll.name == "multisync":
+        return collectors.MultiSyncCollector(
+            make_env,
+            policy,
+            num_workers=coll.workers,
+            preemptive_threshold=coll.preemptive_threshold,
+            start_method=start_method,
+            **common,
+        )
+    if coll.name == "multiasync":
+        return collectors.MultiAsyncCollector(
+            make_env, policy, num_workers=coll.workers, start_method=start_method, **common
+        )
+    return collectors.AsyncCollector(make_env, policy, start_method=start_method, **common)
+
+
+def planned_steps(collector, total_frames: int) -> int | None:
+    """Time steps per lane a finite run will write (preallocation hint for writers)."""
+    from collect_cli.collectors import MultiAsyncCollector
+
+    if total_frames <= 0:
+        return None
+    batches = math.ceil(total_frames / collector.frames_per_batch)
+    if isinstance(collector, MultiAsyncCollector):  # each batch covers one worker's lanes
+        batches = math.ceil(batches / collector.num_workers)
+    return batches * collector.steps_per_batch
+
+
 def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
     """Collect ``settings.total_frames`` frames into the dataset at ``settings.out``."""
-    from collect_cli.collectors import SyncCollector, derive_seeds
-    from collect_cli.envs import env_factory
-    from collect_cli.policies import build_policy
     from collect_cli.writers import check_output, make_writer
 
     device = resolve_device(settings.device)
     storing_device = resolve_device(settings.storing_device, "storing_device")
     check_output(settings.out, settings.overwrite)
 
-    env_cfg = settings.env
-    env = env_factory(env_cfg.id, env_cfg.num_envs, env_cfg.backend, env_cfg.kwargs)()
-    collector = None
-    writer = None
+    collector = build_collector(settings, device, storing_device)
     try:
-        policy = build_policy(
-            settings.policy,
-            env.observation_space,
-            env.action_space,
-            device,
-            derive_seeds(settings.seed, 1, 2)[0],
-        )
-        collector = SyncCollector(
-            lambda: env,
-            policy,
-            frames_per_batch=settings.frames_per_batch,
-            total_frames=settings.total_frames,
-            device=device,
-            storing_device=storing_device,
-            seed=settings.seed,
-        )
-        planned = None
-        if settings.total_frames > 0:
-            batches = math.ceil(settings.total_frames / collector.frames_per_batch)
-            planned = batches * collector.steps_per_batch
         metadata = {
             "rlcollect_version": __version__,
             "versions": library_versions(),
-            "env_id": env.env_id,
-            "env_preset": env_cfg.name,
-            "env_backend": env_cfg.backend,
-            "observation_space": specs.describe(env.observation_space),
-            "action_space": specs.describe(env.action_space),
+            "env_id": collector.env_id,
+            "env_preset": settings.env.name,
+            "env_backend": settings.env.backend,
+            "observation_space": specs.describe(collector.observation_space),
+            "action_space": specs.describe(collector.action_space),
             "policy": settings.policy.name,
+            "collector": settings.collector.name,
             "seed": settings.seed,
             "frames_per_batch": collector.frames_per_batch,
             "total_frames": settings.total_frames,
@@ -165,15 +188,13 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
             settings.out,
             metadata=metadata,
             overwrite=settings.overwrite,
-            planned_steps=planned,
+            planned_steps=planned_steps(collector, settings.total_frames),
+            lanes=collector.lanes,
             **writer_kwargs,
         ).open()
         return _drive(collector, writer, settings, progress)
     finally:
-        if collector is not None:
-            collector.shutdown()
-        else:
-            env.close()
+        collector.shutdown()
 
 
 def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -> RunResult:
@@ -197,8 +218,8 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
     try:
         with trap_signals(flag):
             report()
-            for batch in collector:
-                rows = writer.append(batch)
+            for lane_start, batch in collector.iter_with_lanes():
+                rows = writer.append(batch, lane_start)
                 writer.commit()
                 recent.extend(rows["return"].tolist())
                 report()

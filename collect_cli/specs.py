@@ -101,7 +101,8 @@ def rebuild(desc: dict[str, Any]) -> spaces.Space:
         return spaces.Tuple([rebuild(v) for v in desc["spaces"]])
     dtype = np.dtype(desc["dtype"])
     if kind == "Box":
-        return spaces.Box(np.array(desc["low"]), np.array(desc["high"]), desc["shape"], dtype)
+        low, high = np.array(desc["low"], dtype), np.array(desc["high"], dtype)
+        return spaces.Box(low, high, desc["shape"], dtype)
     if kind == "Discrete":
         return spaces.Discrete(desc["n"], start=desc["start"])
     if kind == "MultiDiscrete":

@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 
 from collect_cli import config
-from collect_cli.cli import _compose
 from collect_cli.errors import ConfigError
 
 
 def settings(*overrides: str) -> config.Settings:
-    return config.load(_compose(list(overrides)))
+    return config.load(config.compose(list(overrides)))
 
 
 def test_defaults():

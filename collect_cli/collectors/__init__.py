@@ -10,6 +10,18 @@ torch.Size([4, 50, 1])
 """
 
 from collect_cli.collectors.base import CollectorBase, derive_seeds
+from collect_cli.collectors.multiprocess import (
+    AsyncCollector,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+)
 from collect_cli.collectors.sync import SyncCollector
 
-__all__ = ["CollectorBase", "SyncCollector", "derive_seeds"]
+__all__ = [
+    "AsyncCollector",
+    "CollectorBase",
+    "MultiAsyncCollector",
+    "MultiSyncCollector",
+    "SyncCollector",
+    "derive_seeds",
+]

@@ -27,6 +27,7 @@ class CollectorBase(IterableDataset, metaclass=abc.ABCMeta):
 
     total_frames: int
     frames_per_batch: int
+    lanes: int  # env lanes over all workers
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         return self.iterator()
@@ -47,8 +48,18 @@ class CollectorBase(IterableDataset, metaclass=abc.ABCMeta):
         with contextlib.suppress(Exception):  # interpreter teardown: nothing left to release
             self.shutdown()
 
+    def iterator(self) -> Iterator[TensorDictBase]:
+        """Yield batches until ``total_frames`` frames were collected (forever if -1)."""
+        for _, batch in self.iter_with_lanes():
+            yield batch
+
     @abc.abstractmethod
-    def iterator(self) -> Iterator[TensorDictBase]: ...
+    def iter_with_lanes(self) -> Iterator[tuple[int, TensorDictBase]]:
+        """Like :meth:`iterator`, with the index of each batch's first lane.
+
+        Lanes are global over all workers: worker ``w`` owns lanes
+        ``w * num_envs ... (w + 1) * num_envs - 1``.
+        """
 
     @abc.abstractmethod
     def shutdown(self) -> None: ...

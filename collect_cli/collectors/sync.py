@@ -20,7 +20,7 @@ from torch import nn
 from collect_cli.collectors.base import CollectorBase, derive_seeds
 from collect_cli.envs import VecEnv
 from collect_cli.errors import CollectionError, PolicyError, RlcollectError
-from collect_cli.policies import RandomPolicy, torch_dtype
+from collect_cli.policies import PolicyFactory, RandomPolicy, torch_dtype
 
 FLAG_KEYS = ("done", "terminated", "truncated")
 
@@ -29,7 +29,10 @@ class SyncCollector(CollectorBase):
     def __init__(
         self,
         create_env_fn: Callable[[], VecEnv],
-        policy: nn.Module | Callable[[TensorDictBase], TensorDictBase] | None = None,
+        policy: nn.Module
+        | Callable[[TensorDictBase], TensorDictBase]
+        | PolicyFactory
+        | None = None,
         *,
         frames_per_batch: int,
         total_frames: int = -1,
@@ -39,14 +42,20 @@ class SyncCollector(CollectorBase):
         traj_id_start: int = 0,
         traj_id_stride: int = 1,
         return_same_td: bool = False,
+        shared_memory: bool = False,
     ):
         self._closed = True
         self.env = create_env_fn()
         self._closed = False
-        self.num_envs = self.env.num_envs
+        self.num_envs = self.lanes = self.env.num_envs
         self.device = torch.device(device)
         self.storing_device = torch.device(storing_device)
+        if isinstance(policy, PolicyFactory):
+            policy = policy(self.env.observation_space, self.env.action_space)
         self.policy = policy if policy is not None else RandomPolicy(self.env.action_space, device)
+        self.env_id = self.env.env_id
+        self.observation_space = self.env.observation_space
+        self.action_space = self.env.action_space
         self.requested_frames_per_batch = frames_per_batch
         self.steps_per_batch = math.ceil(frames_per_batch / self.num_envs)
         self.frames_per_batch = self.steps_per_batch * self.num_envs
@@ -59,6 +68,8 @@ class SyncCollector(CollectorBase):
         self._act_keys = [("action", *leaf.key) for leaf in self.env.action_leaves]
         self.set_seed(seed)
         self._buffer = self._allocate()
+        if shared_memory:  # before taking numpy views: sharing moves the storage
+            self._buffer.share_memory_()
         self._views = {
             (k if isinstance(k, tuple) else (k,)): v.numpy()
             for k, v in self._buffer.items(True, True)
@@ -115,7 +126,7 @@ class SyncCollector(CollectorBase):
         return self.env.action_leaves[self._act_keys.index(key)].dtype
 
     # -- collection ----------------------------------------------------------------------
-    def iterator(self) -> Iterator[TensorDictBase]:
+    def iter_with_lanes(self) -> Iterator[tuple[int, TensorDictBase]]:
         while self.total_frames < 0 or self._frames < self.total_frames:
             batch = self.rollout()
             self._frames += self.frames_per_batch
@@ -123,12 +134,18 @@ class SyncCollector(CollectorBase):
                 batch = batch.clone()
             if self.storing_device.type != "cpu":
                 batch = batch.to(self.storing_device, non_blocking=True)
-            yield batch
+            yield 0, batch
 
     @torch.no_grad()
-    def rollout(self) -> TensorDict:
-        """Fill the preallocated batch buffer with ``steps_per_batch`` steps of every lane."""
+    def rollout(self, stop: Callable[[], bool] | None = None) -> TensorDict:
+        """Fill the preallocated batch buffer with ``steps_per_batch`` steps of every lane.
+
+        ``stop`` is polled after every step; once it returns True the remaining
+        steps become padding (``collector/mask`` False, ``traj_ids`` -1, zeros)
+        and the envs keep their state for the next batch.
+        """
         v = self._views
+        mask = v[("collector", "mask")]
         obs_views = [v[k] for k in self._obs_keys]
         next_views = [v[("next", *k)] for k in self._obs_keys]
         policy_views = [(k, v[k]) for k in self._policy_keys]
@@ -154,7 +171,22 @@ class SyncCollector(CollectorBase):
             if done.any():
                 self._new_trajectories(np.flatnonzero(done))
             self._obs = step.obs
+            if stop is not None and t + 1 < self.steps_per_batch and stop():
+                self._pad(t + 1)
+                return self._buffer
+        if not mask.all():
+            mask[:] = True
         return self._buffer
+
+    def _pad(self, start: int) -> None:
+        for key, view in self._views.items():
+            if key == ("collector", "mask"):
+                view[:, :start] = True
+                view[:, start:] = False
+            elif key == ("collector", "traj_ids"):
+                view[:, start:] = -1
+            else:
+                view[:, start:] = 0
 
     def _step(self, actions: list[np.ndarray]):
         try:

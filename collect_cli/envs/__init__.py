@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from collect_cli.config import ENV_BACKENDS as BACKENDS
 from collect_cli.envs.base import StepResult, VecEnv
 from collect_cli.errors import UsageError
 
-__all__ = ["StepResult", "VecEnv", "env_factory"]
+__all__ = ["BACKENDS", "EnvFactory", "StepResult", "VecEnv", "env_factory"]
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """A picklable zero-argument constructor (workers rebuild their env from it)."""
+
+    env_id: str
+    num_envs: int
+    backend: str = "gymnasium"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> VecEnv:
+        if self.backend == "gymnasium":
+            from collect_cli.envs.gymnasium import GymnasiumVecEnv
+
+            return GymnasiumVecEnv(self.env_id, self.num_envs, dict(self.kwargs))
+        raise UsageError(f"unknown env.backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
 
 
 def env_factory(
     env_id: str, num_envs: int, backend: str = "gymnasium", kwargs: dict[str, Any] | None = None
-) -> Callable[[], VecEnv]:
-    """A picklable-enough zero-argument constructor for the chosen backend."""
-    if backend == "gymnasium":
-        from collect_cli.envs.gymnasium import GymnasiumVecEnv
-
-        return lambda: GymnasiumVecEnv(env_id, num_envs, kwargs)
-    raise UsageError(f"unknown env.backend {backend!r}: choose from gymnasium")
+) -> EnvFactory:
+    """The constructor of ``num_envs`` lanes of ``env_id`` on ``backend``."""
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown env.backend {backend!r}: choose from {', '.join(BACKENDS)}")
+    return EnvFactory(env_id, num_envs, backend, dict(kwargs or {}))

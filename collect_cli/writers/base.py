@@ -72,12 +72,15 @@ class Writer(abc.ABC):
         metadata: dict[str, Any],
         overwrite: bool = False,
         planned_steps: int | None = None,
+        lanes: int | None = None,
     ):
         self.path = Path(path)
         self.overwrite = overwrite
         self.planned_steps = planned_steps
+        self.lanes = lanes  # default: the width of the first batch
         self.meta: dict[str, Any] = dict(metadata)
-        self.steps = 0  # committed time steps per lane
+        self.cursor = np.zeros(0, np.int64)  # time steps written, per lane
+        self.steps = 0  # the longest lane's time steps
         self.frames = 0  # committed valid frames
         self.episodes = 0
         self.tracker: EpisodeTracker | None = None
@@ -105,22 +108,32 @@ class Writer(abc.ABC):
             raise WriteError(f"cannot create {str(self.path)!r}: {exc.strerror or exc}") from exc
         return self
 
-    def append(self, batch: TensorDictBase) -> Rows:
-        """Write one batch (not yet durable: call :meth:`commit`); return finished episodes."""
-        lanes, steps = batch.batch_size[:2]
+    def append(self, batch: TensorDictBase, lane_start: int = 0) -> Rows:
+        """Append a ``[lanes, time]`` batch to lanes ``lane_start...`` after their last frame.
+
+        Not yet durable: call :meth:`commit`. Returns the episodes it finished.
+        Lane groups may advance unevenly (asynchronous workers): lanes shorter
+        than the longest hold ``collector/mask`` False at their end.
+        """
+        width, steps = (int(n) for n in batch.batch_size[:2])
         items = leaf_items(batch)
         try:
             if not self._created:
-                self.meta["lanes"] = int(lanes)
-                self.tracker = EpisodeTracker(int(lanes))
-                self._create(items, int(lanes))
+                self.lanes = self.lanes or width
+                self.meta["lanes"] = self.lanes
+                self.cursor = np.zeros(self.lanes, np.int64)
+                self.tracker = EpisodeTracker(self.lanes)
+                self._create(items, self.lanes)
                 self._created = True
-            self._write_frames(items, self.steps, int(steps))
-            rows = self.tracker.update(batch, self.steps)
+            group = slice(lane_start, lane_start + width)
+            t0 = int(self.cursor[group].max())
+            self._write_frames(items, group, t0, steps)
+            rows = self.tracker.update(batch, t0, lane_start)
             self._write_episodes(rows, self.episodes)
         except OSError as exc:
             raise self._os_error(exc) from exc
-        self.steps += int(steps)
+        self.cursor[group] = t0 + steps
+        self.steps = int(self.cursor.max())
         self.frames += int(batch.get(("collector", "mask")).sum())
         self.episodes += len(rows["traj_id"])
         return rows
@@ -165,7 +178,8 @@ class Writer(abc.ABC):
         """Create one storage per frame key, shaped from the first batch."""
 
     @abc.abstractmethod
-    def _write_frames(self, items, t0: int, steps: int) -> None: ...
+    def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
+        """Write ``items`` at ``[lanes, t0 : t0 + steps]``, growing the time axis as needed."""
 
     @abc.abstractmethod
     def _write_episodes(self, rows: Rows, start: int) -> None: ...

@@ -44,15 +44,18 @@ class EpisodeTracker:
         self.ret = np.zeros(lanes, np.float64)
         self.traj = np.full(lanes, -1, np.int64)
 
-    def update(self, batch: TensorDictBase, t0: int) -> Rows:
-        """Consume one ``[lanes, time]`` batch written at time offset ``t0``."""
+    def update(self, batch: TensorDictBase, t0: int, lane_start: int = 0) -> Rows:
+        """Consume one batch of lanes ``lane_start...`` written at time offset ``t0``."""
         mask = batch.get(("collector", "mask")).numpy()
         traj = batch.get(("collector", "traj_ids")).numpy()
         reward = batch.get(("next", "reward")).numpy().reshape(mask.shape).astype(np.float64)
         term = batch.get(("next", "terminated")).numpy().reshape(mask.shape)
         trunc = batch.get(("next", "truncated")).numpy().reshape(mask.shape)
         done = batch.get(("next", "done")).numpy().reshape(mask.shape) & mask
-        steps = mask.shape[1]
+        nlanes, steps = mask.shape
+        group = slice(lane_start, lane_start + nlanes)
+        carry_start, carry_len = self.start[group], self.length[group]
+        carry_ret, carry_traj = self.ret[group], self.traj[group]
 
         cum_ret = np.cumsum(np.where(mask, reward, 0.0), axis=1)
         cum_len = np.cumsum(mask, axis=1)
@@ -60,12 +63,12 @@ class EpisodeTracker:
         first = np.ones(len(lanes), bool)
         first[1:] = lanes[1:] != lanes[:-1]
         prev = np.arange(len(lanes)) - 1
-        prev_ret = np.where(first, -self.ret[lanes], cum_ret[lanes[prev], ts[prev]])
-        prev_len = np.where(first, -self.length[lanes], cum_len[lanes[prev], ts[prev]])
+        prev_ret = np.where(first, -carry_ret[lanes], cum_ret[lanes[prev], ts[prev]])
+        prev_len = np.where(first, -carry_len[lanes], cum_len[lanes[prev], ts[prev]])
         rows: Rows = {
             "traj_id": traj[lanes, ts],
-            "lane": lanes.astype(np.int64),
-            "start": np.where(first, self.start[lanes], t0 + ts[prev] + 1),
+            "lane": lanes.astype(np.int64) + lane_start,
+            "start": np.where(first, carry_start[lanes], t0 + ts[prev] + 1),
             "length": cum_len[lanes, ts] - prev_len,
             "return": cum_ret[lanes, ts] - prev_ret,
             "terminated": term[lanes, ts],
@@ -83,15 +86,15 @@ class EpisodeTracker:
         tail_len = cum_len[:, -1].copy()
         tail_ret[ended] -= cum_ret[ended, end_t]
         tail_len[ended] -= cum_len[ended, end_t]
-        self.ret += tail_ret
-        self.length += tail_len
-        self.ret[ended] = tail_ret[ended]
-        self.length[ended] = tail_len[ended]
-        self.start[ended] = t0 + end_t + 1
+        carry_ret += tail_ret
+        carry_len += tail_len
+        carry_ret[ended] = tail_ret[ended]
+        carry_len[ended] = tail_len[ended]
+        carry_start[ended] = t0 + end_t + 1
         has_valid = mask.any(axis=1)
         last_valid = steps - 1 - np.argmax(mask[:, ::-1], axis=1)
-        self.traj = np.where(has_valid, traj[np.arange(self.lanes), last_valid], self.traj)
-        self.traj[ended[end_t == last_valid[ended]]] = -1
+        carry_traj[:] = np.where(has_valid, traj[np.arange(nlanes), last_valid], carry_traj)
+        carry_traj[ended[end_t == last_valid[ended]]] = -1
         return rows
 
     def finish(self) -> Rows:

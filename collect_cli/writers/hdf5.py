@@ -18,6 +18,7 @@ from collect_cli.writers.base import Writer
 from collect_cli.writers.episodes import COLUMNS, Rows
 
 JSON_ATTRS = ("observation_space", "action_space", "versions", "shards")
+FILL = {("collector", "traj_ids"): -1}  # frames not written yet are padding
 
 
 def encode_attrs(attrs: h5py.AttributeManager, meta: dict[str, Any]) -> None:
@@ -56,7 +57,7 @@ class Hdf5Writer(Writer):
         self._episodes: dict[str, h5py.Dataset] = {}
 
     def _open(self) -> None:
-        self._file = h5py.File(self.path, "w", libver="latest")
+        self._file = h5py.File(self.path, "w", locking=False)
         encode_attrs(self._file.attrs, self.meta)
         for name, dtype in COLUMNS.items():
             self._episodes[name] = self._file.create_dataset(
@@ -77,13 +78,15 @@ class Hdf5Writer(Writer):
                 dtype=array.dtype,
                 chunks=(1, steps, *feat),
                 compression=self.compression,
+                fillvalue=FILL.get(key, 0),
             )
 
-    def _write_frames(self, items, t0: int, steps: int) -> None:
+    def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
         for key, array in items:
             ds = self._frames[key]
-            ds.resize(t0 + steps, axis=1)
-            ds[:, t0 : t0 + steps] = array
+            if ds.shape[1] < t0 + steps:
+                ds.resize(t0 + steps, axis=1)
+            ds[lanes, t0 : t0 + steps] = array
 
     def _write_episodes(self, rows: Rows, start: int) -> None:
         count = len(rows["traj_id"])
@@ -104,7 +107,7 @@ class Hdf5Writer(Writer):
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    with h5py.File(path, "r") as f:
+    with h5py.File(path, "r", locking=False) as f:
         return decode_attrs(f.attrs)
 
 
@@ -116,11 +119,11 @@ def describe_keys(path: Path) -> list[tuple[str, tuple[int, ...], str]]:
         if isinstance(obj, h5py.Dataset):
             out.append((name, tuple(obj.shape), str(obj.dtype)))
 
-    with h5py.File(path, "r") as f:
+    with h5py.File(path, "r", locking=False) as f:
         f.visititems(visit)
     return out
 
 
 def read_array(path: Path, key: str) -> np.ndarray:
-    with h5py.File(path, "r") as f:
+    with h5py.File(path, "r", locking=False) as f:
         return f[key][()]

@@ -69,7 +69,6 @@ class MemmapWriter(Writer):
         self._specs: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]] = {}
         self._episode_files: dict[str, Any] = {}
         self.capacity = 0
-        self.lanes = 0
 
     def _file(self, key: tuple[str, ...]) -> Path:
         return self.path.joinpath(*key[:-1], key[-1] + ".memmap")
@@ -85,7 +84,6 @@ class MemmapWriter(Writer):
         write_json(self.path / META_FILE, self.meta)
 
     def _create(self, items, lanes: int) -> None:
-        self.lanes = lanes
         for key, array in items:
             self._specs[key] = (array.shape[2:], array.dtype)
             self._file(key).parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +99,8 @@ class MemmapWriter(Writer):
             old = self._maps.get(key)
             if old is not None and keep:
                 new[:, :keep] = old[:, :keep]
+            if key == ("collector", "traj_ids"):
+                new[:, keep:] = -1  # frames not written yet are padding
             new.flush()
             del new
             self._maps.pop(key, None)
@@ -111,11 +111,11 @@ class MemmapWriter(Writer):
         self.capacity = capacity
         self._write_td_meta()
 
-    def _write_frames(self, items, t0: int, steps: int) -> None:
+    def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
         if t0 + steps > self.capacity:
             self._resize(max(2 * self.capacity, t0 + steps))
         for key, array in items:
-            self._maps[key][:, t0 : t0 + steps] = array
+            self._maps[key][lanes, t0 : t0 + steps] = array
 
     def _write_episodes(self, rows: Rows, start: int) -> None:
         if len(rows["traj_id"]):

@@ -76,3 +76,39 @@ class TextEnv(gym.Env):
 gym.register("Counter-v0", entry_point=CounterEnv)
 gym.register("Nested-v0", entry_point=NestedEnv)
 gym.register("Text-v0", entry_point=TextEnv)
+
+
+class FaultyEnv(CounterEnv):
+    """A CounterEnv whose ``step`` raises on its ``fail_at``-th call (counted per env copy)."""
+
+    def __init__(self, length: int = 5, fail_at: int = 50):
+        super().__init__(length)
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def step(self, action):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError(f"simulated failure at step {self.calls}")
+        return super().step(action)
+
+
+gym.register("Faulty-v0", entry_point=FaultyEnv)
+
+
+class SlowEnv(CounterEnv):
+    """Sleeps ``delay`` seconds per step: uneven workers for preemption tests."""
+
+    def __init__(self, length: int = 1000, delay: float = 0.0):
+        super().__init__(length)
+        self.delay = delay
+
+    def step(self, action):
+        if self.delay:
+            import time
+
+            time.sleep(self.delay)
+        return super().step(action)
+
+
+gym.register("Slow-v0", entry_point=SlowEnv)

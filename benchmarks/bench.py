@@ -1,0 +1,144 @@
+"""Side-by-side throughput: rlcollect vs a plain gymnasium vector-env loop.
+
+Each contender does the same work in the same process run: ``--frames`` frames
+of one env with ``--num-envs`` lanes and the same policy. Prints frames/s and
+the ratio to the plain loop, and appends a dated record to RESULTS.md.
+
+    python benchmarks/bench.py                       # the default matrix
+    python benchmarks/bench.py --envs CartPole --policies mlp --frames 1e5
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from collect_cli import config
+from collect_cli.policies import build_policy
+from collect_cli.run import run
+
+PRESETS = {"Pendulum": "Pendulum-v1", "CartPole": "CartPole-v1"}
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def plain_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
+    """The ceiling: gymnasium's SyncVectorEnv and the policy, storing nothing."""
+    vec = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * num_envs)
+    cfg = config.load(config.compose([f"policy={policy_name}"])).policy
+    policy = build_policy(
+        cfg, vec.single_observation_space, vec.single_action_space, torch.device("cpu"), 0
+    )
+    obs, _ = vec.reset(seed=0)
+    steps = -(-frames // num_envs)
+    start = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(steps):
+            td = TensorDict({"observation": torch.from_numpy(obs)}, batch_size=[num_envs])
+            action = policy(td)["action"].numpy()
+            obs, *_ = vec.step(action)
+    seconds = time.perf_counter() - start
+    vec.close()
+    return steps * num_envs / seconds
+
+
+def rlcollect(env: str, num_envs: int, policy: str, writer: str, frames: int, out: Path) -> float:
+    """A full ``rlcollect run``: collector, episodes table, writer, commits."""
+    settings = config.load(
+        config.compose(
+            [
+                f"env={env}",
+                f"env.num_envs={num_envs}",
+                f"policy={policy}",
+                f"writer={writer}",
+                f"total_frames={frames}",
+                f"out={out}",
+                "overwrite=true",
+                "progress=none",
+            ]
+        )
+    )
+    result = run(settings)
+    return result.frames / result.seconds
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=float, default=2e5)
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--envs", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    parser.add_argument("--policies", nargs="+", default=["random", "mlp"])
+    parser.add_argument("--writers", nargs="+", default=["hdf5", "memmap"])
+    parser.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
+    args = parser.parse_args()
+    frames = int(args.frames)
+    torch.set_num_threads(1)
+
+    rows = []
+    tmp = Path(tempfile.mkdtemp(prefix="rlcollect-bench-"))
+    try:
+        for env in args.envs:
+            for policy in args.policies:
+                base = plain_loop(PRESETS[env], args.num_envs, policy, frames)
+                rows.append((env, policy, "plain gymnasium loop", base, 1.0))
+                print(f"{env:9s} {policy:7s} plain loop        {base:10.0f} frames/s", flush=True)
+                for writer in args.writers:
+                    fps = rlcollect(env, args.num_envs, policy, writer, frames, tmp / writer)
+                    rows.append((env, policy, f"rlcollect sync, {writer}", fps, fps / base))
+                    print(
+                        f"{env:9s} {policy:7s} sync {writer:7s}      {fps:10.0f} frames/s"
+                        f"  ({fps / base:.2f}x plain)",
+                        flush=True,
+                    )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("TorchRL and Minari contenders: not installed here, skipped.")
+
+    if args.no_record:
+        return
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    lines = [
+        f"\n## {dt.date.today().isoformat()} ({commit or 'uncommitted'})\n",
+        f"Command: `python benchmarks/bench.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
+        f"Machine: {machine()}  ",
+        f"Work: {frames} frames per contender, {args.num_envs} envs, torch threads 1\n",
+        "| env | policy | contender | frames/s | vs plain loop |",
+        "|---|---|---|---:|---:|",
+    ]
+    lines += [f"| {e} | {p} | {c} | {f:,.0f} | {r:.2f}x |" for e, p, c, f, r in rows]
+    with RESULTS.open("a") as fh:
+        if fh.tell() == 0:
+            fh.write("# Benchmark results\n\nAppended by `make bench`; figures as measured.\n")
+        fh.write("\n".join(lines) + "\n")
+    print(f"recorded in {RESULTS}")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()

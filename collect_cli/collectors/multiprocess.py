@@ -1,0 +1,340 @@
+"""Multi-process collectors: ``MultiSyncCollector``, ``MultiAsyncCollector``, ``AsyncCollector``.
+
+Each worker process runs a :class:`SyncCollector` over its own lanes and fills a
+batch buffer in shared memory; only small messages travel through the pipes.
+Worker ``w`` owns lanes ``w * num_envs ...``, gets its own seed stream, and
+numbers trajectories ``w, w + W, w + 2W, ...`` so ids are unique over the run.
+
+A worker that raises sends its exception (type, message, traceback); one that
+dies is seen through its process sentinel at once. Either way the collector
+raises :class:`CollectionError` naming the worker and the cause. No idle
+timeout: workers wait for the main process as long as it takes, and exit by
+themselves if it disappears.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+from collections.abc import Iterator, Sequence
+from multiprocessing.connection import wait
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from collect_cli import errors, specs
+from collect_cli.collectors.base import CollectorBase, derive_seeds
+from collect_cli.collectors.worker import WorkerSpec, worker_main
+from collect_cli.envs import EnvFactory
+from collect_cli.errors import CollectionError
+
+JOIN_TIMEOUT_S = 5.0
+
+
+def _exit_cause(code: int | None) -> str:
+    if code is None:
+        return "is gone"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _worker_error(index: int, pid: int | None, kind: str, message: str, trace: str):
+    """Rebuild a worker's exception: usage errors stay usage errors (exit 2)."""
+    cls = getattr(errors, kind, None)
+    text = f"worker {index} (pid {pid}) failed: {kind}: {message}"
+    if isinstance(cls, type) and issubclass(cls, errors.UsageError):
+        exc: errors.RlcollectError = cls(message)
+    else:
+        exc = CollectionError(text)
+    exc.worker_traceback = trace  # type: ignore[attr-defined]
+    return exc
+
+
+class _MultiCollector(CollectorBase):
+    def __init__(
+        self,
+        create_env_fn: EnvFactory | Sequence[EnvFactory],
+        policy: Any = None,
+        *,
+        num_workers: int | None = None,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: str | torch.device = "cpu",
+        storing_device: str | torch.device = "cpu",
+        seed: int = 0,
+        start_method: str | None = None,
+        worker_threads: int = 1,
+    ):
+        self._closed = True
+        factories = (
+            list(create_env_fn)
+            if isinstance(create_env_fn, Sequence)
+            else [create_env_fn] * (num_workers or 1)
+        )
+        if num_workers is not None and len(factories) != num_workers:
+            raise ValueError(f"{len(factories)} env factories given for {num_workers} workers")
+        self.num_workers = len(factories)
+        self.device = torch.device(device)
+        self.storing_device = torch.device(storing_device)
+        self.total_frames = total_frames
+        self.requested_frames_per_batch = frames_per_batch
+        self.seed = seed
+        if start_method is None:
+            start_method = "spawn" if self.device.type == "cuda" else "fork"
+        self.start_method = start_method
+        ctx = torch.multiprocessing.get_context(start_method)
+        self._stop_event = ctx.Event()
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._pending: set[int] = set()  # workers asked to collect, batch not yet received
+        self._arrived: set[int] = set()  # batches received but not consumed
+        self._closed = False
+        worker_seeds = derive_seeds(seed, self.num_workers, 3)
+        try:
+            for index, factory in enumerate(factories):
+                spec = WorkerSpec(
+                    index=index,
+                    workers=self.num_workers,
+                    env_factory=factory,
+                    policy=policy,
+                    frames_per_batch=self._worker_frames(),
+                    device=str(self.device),
+                    seed=worker_seeds[index],
+                    num_threads=worker_threads,
+                )
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(
+                    target=worker_main,
+                    args=(spec, child, self._stop_event, os.getpid()),
+                    name=f"rlcollect-worker-{index}",
+                    daemon=True,
+                )
+                proc.start()
+                child.close()
+                self._procs.append(proc)
+                self._conns.append(parent)
+            self._buffers: list[TensorDictBase] = []
+            for index in range(self.num_workers):
+                buffer, env_id, spaces, max_steps = self._expect(index, "ready")
+                self._buffers.append(buffer)
+            self.env_id = env_id
+            self.observation_space = specs.rebuild(spaces[0])
+            self.action_space = specs.rebuild(spaces[1])
+            self.max_episode_steps = max_steps
+        except BaseException:
+            self.shutdown()
+            raise
+        widths = [b.batch_size[0] for b in self._buffers]
+        self.lane_starts = [sum(widths[:i]) for i in range(self.num_workers)]
+        self.lanes = sum(widths)
+        self.steps_per_batch = self._buffers[0].batch_size[1]
+
+    def _worker_frames(self) -> int:
+        return self.requested_frames_per_batch
+
+    # -- messaging ---------------------------------------------------------------------
+    def _recv(self, candidates: set[int]) -> tuple[int, tuple[str, Any]]:
+        """The next message from any worker in ``candidates``; raises if one died or failed."""
+        by_conn = {self._conns[i]: i for i in candidates}
+        by_sentinel = {self._procs[i].sentinel: i for i in candidates}
+        while True:
+            ready = wait(list(by_conn) + list(by_sentinel))
+            for obj in ready:  # messages first: a failing worker sends, then exits
+                if obj in by_conn:
+                    index = by_conn[obj]
+                    try:
+                        message = obj.recv()
+                    except (EOFError, OSError):
+                        continue  # the sentinel tells why
+                    if message[0] == "error":
+                        raise _worker_error(index, self._procs[index].pid, *message[1])
+                    return index, message
+            for obj in ready:
+                if obj in by_sentinel:
+                    index = by_sentinel[obj]
+                    proc = self._procs[index]
+                    proc.join(0.1)
+                    raise CollectionError(
+                        f"worker {index} (pid {proc.pid}) {_exit_cause(proc.exitcode)}"
+                    )
+
+    def _expect(self, index: int, kind: str) -> Any:
+        """Wait for ``kind`` from worker ``index``, banking batches that arrive first."""
+        while True:
+            got, (what, payload) = self._recv({index})
+            if what == kind:
+                return payload
+            if what == "batch":
+                self._pending.discard(got)
+                self._arrived.add(got)
+
+    def _send(self, index: int, command: str, arg: Any = None) -> None:
+        try:
+            self._conns[index].send((command, arg))
+        except (BrokenPipeError, OSError):
+            self._recv({index})  # raises with the worker's cause
+            raise
+        if command == "collect":
+            self._pending.add(index)
+
+    def _collect(self, index: int) -> None:
+        self._arrived.discard(index)
+        self._send(index, "collect")
+
+    def _next_batch(self, candidates: set[int]) -> int:
+        """A worker among ``candidates`` whose batch is ready (waiting if needed)."""
+        for index in candidates - self._pending - self._arrived:
+            self._collect(index)
+        for index in sorted(self._arrived & candidates):
+            self._arrived.discard(index)
+            return index
+        while True:
+            index, (what, _) = self._recv(candidates & self._pending)
+            if what == "batch":
+                self._pending.discard(index)
+                return index
+
+    def _drain(self) -> None:
+        """Wait for batches still being collected (before control commands).
+
+        They stay banked: the next iteration step yields them.
+        """
+        while self._pending:
+            index = self._next_batch(set(self._pending))
+            self._arrived.add(index)
+
+    def _control(self, command: str, arg_for=lambda index: None) -> list[Any]:
+        self._drain()
+        for index in range(self.num_workers):
+            self._send(index, command, arg_for(index))
+        return [self._expect(index, "ok") for index in range(self.num_workers)]
+
+    # -- API -----------------------------------------------------------------------------
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Reseed every worker (each its own derived stream) and reset its envs."""
+        self.seed = seed
+        seeds = derive_seeds(seed, self.num_workers, 3)
+        self._control("seed", lambda index: (seeds[index], True))
+        return seed if static_seed else seed + self.lanes
+
+    def reset(self) -> None:
+        self._control("reset")
+
+    def state_dict(self) -> dict[str, Any]:
+        states = self._control("state_dict")
+        return {f"worker{index}": state for index, state in enumerate(states)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._control("load_state_dict", lambda index: state_dict[f"worker{index}"])
+
+    def update_policy_weights_(self, weights: dict[str, Any] | None = None) -> None:
+        """Send new policy weights (a state_dict) to every worker."""
+        if weights is None:
+            return
+        if isinstance(weights, TensorDictBase):
+            weights = weights.flatten_keys(".").to_dict()
+        weights = {k: v.detach().cpu().clone() for k, v in weights.items()}
+        self._control("update", lambda index: weights)
+
+    def shutdown(self) -> None:
+        """Stop every worker (politely, then by force); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for index, proc in enumerate(self._procs):
+            if proc.is_alive():
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    self._conns[index].send(("close", None))
+        for proc in self._procs:
+            proc.join(JOIN_TIMEOUT_S)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        for conn in self._conns:
+            conn.close()
+        self._buffers = []
+
+    def _out(self, batch: TensorDictBase) -> TensorDictBase:
+        if self.storing_device.type != "cpu":
+            return batch.to(self.storing_device, non_blocking=True)
+        return batch
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(env={getattr(self, 'env_id', '?')}, "
+            f"workers={self.num_workers}, lanes={getattr(self, 'lanes', '?')}, "
+            f"total_frames={self.total_frames})"
+        )
+
+
+class MultiSyncCollector(_MultiCollector):
+    """Every worker collects ``ceil(frames_per_batch / workers)`` frames; the batch
+    concatenates them along lanes. With ``preemptive_threshold < 1``, once that
+    fraction of workers is done the others stop early and pad (mask False,
+    ``traj_ids`` -1). Deterministic for a given seed without preemption."""
+
+    def __init__(self, *args: Any, preemptive_threshold: float = 1.0, **kwargs: Any):
+        if not 0.0 < preemptive_threshold <= 1.0:
+            raise ValueError(f"preemptive_threshold must be in (0, 1], got {preemptive_threshold}")
+        self.preemptive_threshold = preemptive_threshold
+        super().__init__(*args, **kwargs)
+        self.frames_per_batch = self.lanes * self.steps_per_batch
+
+    def _worker_frames(self) -> int:
+        return math.ceil(self.requested_frames_per_batch / self.num_workers)
+
+    def iter_with_lanes(self) -> Iterator[tuple[int, TensorDictBase]]:
+        everyone = set(range(self.num_workers))
+        quorum = math.ceil(self.preemptive_threshold * self.num_workers)
+        frames = 0
+        while self.total_frames < 0 or frames < self.total_frames:
+            done: set[int] = set()
+            while done != everyone:
+                done.add(self._next_batch(everyone - done))
+                if len(done) >= quorum and done != everyone:
+                    self._stop_event.set()
+            self._stop_event.clear()
+            batch = torch.cat(self._buffers, dim=0)
+            frames += int(batch.get(("collector", "mask")).sum())
+            if self.total_frames < 0 or frames < self.total_frames:
+                for index in everyone:  # the next batch is collected while this one is used
+                    self._collect(index)
+            yield 0, self._out(batch)
+
+
+class MultiAsyncCollector(_MultiCollector):
+    """Yields each worker's batch (``frames_per_batch`` frames of its lanes) as soon
+    as it is ready; the other workers keep collecting meanwhile."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.frames_per_batch = self._buffers[0].numel()
+
+    def iter_with_lanes(self) -> Iterator[tuple[int, TensorDictBase]]:
+        everyone = set(range(self.num_workers))
+        frames = 0
+        while self.total_frames < 0 or frames < self.total_frames:
+            index = self._next_batch(everyone)
+            batch = self._buffers[index].clone()
+            frames += int(batch.get(("collector", "mask")).sum())
+            if self.total_frames < 0 or frames < self.total_frames:
+                self._collect(index)
+            yield self.lane_starts[index], self._out(batch)
+
+
+class AsyncCollector(MultiAsyncCollector):
+    """One background worker: collection overlaps with whatever consumes the batches."""
+
+    def __init__(self, create_env_fn: EnvFactory, policy: Any = None, **kwargs: Any):
+        kwargs.pop("num_workers", None)
+        super().__init__(create_env_fn, policy, num_workers=1, **kwargs)

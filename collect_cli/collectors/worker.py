@@ -1,0 +1,118 @@
+"""The worker process: a :class:`SyncCollector` writing into shared memory.
+
+Protocol (one duplex pipe per worker, main <-> worker):
+
+    worker -> main   ("ready", shared_batch_buffer)     once, after start-up
+    main -> worker   ("collect", None)                   fill the buffer once
+    worker -> main   ("batch", valid_frames)
+    main -> worker   ("update", weights) | ("seed", (seed, static)) | ("reset", None)
+                     | ("state_dict", None) | ("load_state_dict", state)
+    worker -> main   ("ok", result)
+    main -> worker   ("close", None)
+    worker -> main   ("error", (type name, message, traceback))   on any failure
+
+Workers ignore SIGINT/SIGTERM (the main process coordinates a clean stop) and
+exit on their own when the main process disappears.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from collect_cli.envs import EnvFactory
+
+PARENT_POLL_S = 1.0
+
+
+@dataclass
+class WorkerSpec:
+    index: int
+    workers: int
+    env_factory: EnvFactory
+    policy: Any  # nn.Module, a factory(obs_space, action_space) -> policy, or None (random)
+    frames_per_batch: int
+    device: str
+    seed: int
+    num_threads: int = 1
+
+
+def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    collector = None
+    try:
+        import torch
+
+        from collect_cli import specs
+        from collect_cli.collectors.sync import SyncCollector
+
+        torch.set_num_threads(spec.num_threads)
+        collector = SyncCollector(
+            spec.env_factory,
+            spec.policy,
+            frames_per_batch=spec.frames_per_batch,
+            total_frames=-1,
+            device=spec.device,
+            seed=spec.seed,
+            traj_id_start=spec.index,
+            traj_id_stride=spec.workers,
+            return_same_td=True,
+            shared_memory=True,
+        )
+        env = collector.env
+        spaces = (specs.describe(env.observation_space), specs.describe(env.action_space))
+        conn.send(("ready", (collector._buffer, env.env_id, spaces, env.max_episode_steps)))
+        mask = collector._buffer.get(("collector", "mask"))
+        while True:
+            if not conn.poll(PARENT_POLL_S):
+                if os.getppid() != parent_pid:
+                    return  # the main process is gone: do not linger as an orphan
+                continue
+            command, arg = conn.recv()
+            if command == "collect":
+                collector.rollout(stop=stop_event.is_set if stop_event is not None else None)
+                conn.send(("batch", int(mask.sum())))
+            elif command == "close":
+                return
+            else:
+                conn.send(("ok", _control(collector, command, arg)))
+    except BaseException as exc:
+        if not isinstance(exc, (EOFError, BrokenPipeError, KeyboardInterrupt)):
+            _send_error(conn, exc)
+    finally:
+        if collector is not None:
+            collector.shutdown()
+
+
+def _control(collector, command: str, arg: Any) -> Any:
+    if command == "update":
+        collector.update_policy_weights_(arg)
+        return None
+    if command == "seed":
+        seed, static = arg
+        return collector.set_seed(seed, static)
+    if command == "reset":
+        collector.reset()
+        return None
+    if command == "state_dict":
+        return collector.state_dict()
+    if command == "load_state_dict":
+        collector.load_state_dict(arg)
+        return None
+    raise ValueError(f"unknown worker command {command!r}")
+
+
+def _send_error(conn, exc: BaseException) -> None:
+    text = str(exc).strip().splitlines()
+    message = text[0] if text else ""
+    cause = exc.__cause__
+    trace = "".join(traceback.format_exception(exc))
+    if cause is not None:  # the env's own exception explains more than our wrapper
+        trace = "".join(traceback.format_exception(cause)) + trace
+    with contextlib.suppress(OSError, EOFError):
+        conn.send(("error", (type(exc).__name__, message, trace)))

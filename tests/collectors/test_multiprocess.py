@@ -1,0 +1,148 @@
+"""Multi-process collectors with real gymnasium envs and real worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from collect_cli.collectors import AsyncCollector, MultiAsyncCollector, MultiSyncCollector
+from collect_cli.envs import env_factory
+from collect_cli.errors import CollectionError, UsageError
+from tests.helpers import descendants
+
+
+def gather(collector):
+    with collector:
+        return [(lane, batch) for lane, batch in collector.iter_with_lanes()]
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_multisync_concatenates_workers_lanes(env_id):
+    c = MultiSyncCollector(
+        env_factory(env_id, 3), num_workers=2, frames_per_batch=120, total_frames=1200
+    )
+    out = gather(c)
+    assert all(lane == 0 for lane, _ in out)
+    # each worker: ceil(120 / 2) = 60 frames over 3 lanes = 20 steps -> batches of [6, 20]
+    assert [b.batch_size for _, b in out] == [torch.Size([6, 20])] * 10
+    traj = torch.cat([b["collector", "traj_ids"] for _, b in out], 1).numpy()
+    done = torch.cat([b["next", "done"] for _, b in out], 1).numpy()[..., 0]
+    np.testing.assert_array_equal(traj[:, 1:] != traj[:, :-1], done[:, :-1])
+    # worker w numbers its trajectories w, w + 2, ...: lanes 0-2 even, 3-5 odd
+    assert (traj[:3] % 2 == 0).all() and (traj[3:] % 2 == 1).all()
+    assert not descendants(os.getpid())
+
+
+def test_multisync_reproducible_from_seed():
+    def run(seed):
+        c = MultiSyncCollector(
+            env_factory("Pendulum-v1", 2),
+            num_workers=2,
+            frames_per_batch=80,
+            total_frames=320,
+            seed=seed,
+        )
+        return torch.cat([b for _, b in gather(c)], 1)
+
+    a, b, c = run(7), run(7), run(8)
+    assert (a == b).all()
+    assert not torch.equal(a["observation"], c["observation"])
+    # the two workers' lanes differ from each other
+    assert not torch.equal(a["observation"][:2], a["observation"][2:])
+
+
+def test_multiasync_yields_each_workers_lanes():
+    c = MultiAsyncCollector(
+        env_factory("CartPole-v1", 2), num_workers=2, frames_per_batch=40, total_frames=800
+    )
+    out = gather(c)
+    assert {lane for lane, _ in out} == {0, 2}
+    assert all(b.batch_size == (2, 20) for _, b in out)
+    assert sum(b.numel() for _, b in out) == 800
+    for lane, batch in out:
+        ids = batch["collector", "traj_ids"]
+        assert (ids % 2 == lane // 2).all()
+
+
+def test_async_single_background_worker():
+    c = AsyncCollector(env_factory("Pendulum-v1", 2), frames_per_batch=20, total_frames=100)
+    out = gather(c)
+    assert len(out) == 5 and all(lane == 0 for lane, _ in out)
+
+
+def test_preemption_pads_slow_worker():
+    fast = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.0})
+    slow = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.02})
+    c = MultiSyncCollector(
+        [fast, slow], frames_per_batch=100, total_frames=300, preemptive_threshold=0.5
+    )
+    out = [b for _, b in gather(c)]
+    mask = torch.cat([b["collector", "mask"] for b in out], 1)
+    traj = torch.cat([b["collector", "traj_ids"] for b in out], 1)
+    assert mask[0].all()  # the fast worker is never cut
+    assert not mask[1].all()  # the slow one was preempted
+    assert (traj[~mask] == -1).all() and (traj[mask] >= 0).all()
+    # valid frames, padding excluded, reach total_frames
+    assert int(mask.sum()) >= 300
+
+
+def test_worker_exception_names_worker_and_cause():
+    bad = env_factory("toyenvs:Faulty-v0", 2, kwargs={"fail_at": 30})
+    c = MultiSyncCollector(bad, num_workers=2, frames_per_batch=40, total_frames=1000)
+    start = time.monotonic()
+    with pytest.raises(CollectionError, match=r"worker \d \(pid \d+\) failed: CollectionError"):
+        gather(c)
+    assert time.monotonic() - start < 10
+    assert not descendants(os.getpid())
+
+
+def test_worker_usage_error_stays_usage_error():
+    with pytest.raises(UsageError, match="unknown env id"):
+        MultiSyncCollector(env_factory("Nope-v9", 1), num_workers=2, frames_per_batch=10)
+    assert not descendants(os.getpid())
+
+
+def test_killed_worker_is_noticed_fast():
+    c = MultiAsyncCollector(
+        env_factory("Pendulum-v1", 2), num_workers=2, frames_per_batch=20, total_frames=-1
+    )
+    it = c.iter_with_lanes()
+    next(it)
+    victim = c._procs[1].pid
+    os.kill(victim, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(CollectionError, match=rf"worker 1 \(pid {victim}\) was killed by SIGKILL"):
+        for _ in it:
+            pass
+    assert time.monotonic() - start < 10
+    c.shutdown()
+    assert not descendants(os.getpid())
+
+
+def test_api_parity_weights_seed_state_reset():
+    from collect_cli.policies import MlpPolicy
+
+    env = env_factory("Pendulum-v1", 2)
+    probe = env()
+    policy = MlpPolicy(probe.observation_space, probe.action_space, [8])
+    probe.close()
+    c = MultiSyncCollector(env, policy, num_workers=2, frames_per_batch=40, total_frames=-1)
+    first = c.next()
+    assert not torch.allclose(first["action"], torch.zeros(()))
+    c.update_policy_weights_({k: torch.zeros_like(v) for k, v in policy.state_dict().items()})
+    c.next()  # collected while the update was queued
+    assert torch.allclose(c.next()["action"], torch.zeros(()))
+    state = c.state_dict()
+    assert set(state) == {"worker0", "worker1"}
+    assert "policy_state_dict" in state["worker0"]
+    assert c.set_seed(3) == 3 + c.lanes
+    c.reset()
+    assert c.next().batch_size == (4, 10)
+    c.shutdown()
+    c.shutdown()
+    assert not descendants(os.getpid())
