@@ -54,12 +54,15 @@ def plain_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> flo
     return steps * num_envs / seconds
 
 
-def rlcollect(env: str, num_envs: int, policy: str, writer: str, frames: int, out: Path) -> float:
+def rlcollect(
+    env: str, num_envs: int, policy: str, collector: str, writer: str, frames: int, out: Path
+) -> float:
     """A full ``rlcollect run``: collector, episodes table, writer, commits."""
     settings = config.load(
         config.compose(
             [
                 f"env={env}",
+                f"collector={collector}",
                 f"env.num_envs={num_envs}",
                 f"policy={policy}",
                 f"writer={writer}",
@@ -83,7 +86,8 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, torch {torch.__version__}"
+    python = platform.python_version()
+    return f"{os.cpu_count()} cores, {cpu}, Python {python}, torch {torch.__version__}"
 
 
 def main() -> None:
@@ -93,6 +97,7 @@ def main() -> None:
     parser.add_argument("--envs", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     parser.add_argument("--policies", nargs="+", default=["random", "mlp"])
     parser.add_argument("--writers", nargs="+", default=["hdf5", "memmap"])
+    parser.add_argument("--collectors", nargs="+", default=["sync", "multisync"])
     parser.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
     args = parser.parse_args()
     frames = int(args.frames)
@@ -105,15 +110,18 @@ def main() -> None:
             for policy in args.policies:
                 base = plain_loop(PRESETS[env], args.num_envs, policy, frames)
                 rows.append((env, policy, "plain gymnasium loop", base, 1.0))
-                print(f"{env:9s} {policy:7s} plain loop        {base:10.0f} frames/s", flush=True)
-                for writer in args.writers:
-                    fps = rlcollect(env, args.num_envs, policy, writer, frames, tmp / writer)
-                    rows.append((env, policy, f"rlcollect sync, {writer}", fps, fps / base))
-                    print(
-                        f"{env:9s} {policy:7s} sync {writer:7s}      {fps:10.0f} frames/s"
-                        f"  ({fps / base:.2f}x plain)",
-                        flush=True,
-                    )
+                print(f"{env:9s} {policy:7s} {'plain loop':28s} {base:10.0f} frames/s", flush=True)
+                for collector in args.collectors:
+                    for writer in args.writers:
+                        out = tmp / writer
+                        fps = rlcollect(env, args.num_envs, policy, collector, writer, frames, out)
+                        name = f"rlcollect {collector}, {writer}"
+                        rows.append((env, policy, name, fps, fps / base))
+                        print(
+                            f"{env:9s} {policy:7s} {name:28s} {fps:10.0f} frames/s"
+                            f"  ({fps / base:.2f}x plain)",
+                            flush=True,
+                        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("TorchRL and Minari contenders: not installed here, skipped.")
@@ -127,7 +135,8 @@ def main() -> None:
         f"\n## {dt.date.today().isoformat()} ({commit or 'uncommitted'})\n",
         f"Command: `python benchmarks/bench.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
         f"Machine: {machine()}  ",
-        f"Work: {frames} frames per contender, {args.num_envs} envs, torch threads 1\n",
+        f"Work: {frames} frames per contender, {args.num_envs} envs per process "
+        "(multisync: 2 workers), torch threads 1\n",
         "| env | policy | contender | frames/s | vs plain loop |",
         "|---|---|---|---:|---:|",
     ]

@@ -223,6 +223,13 @@ def test_default_out_under_data(cli, tmp_path):
         (("device=cuda:0",), "CUDA"),
         (("env=gym", "env.id=toyenvs:Text-v0"), "unsupported observation space Text"),
         (("policy=mlp", "policy.checkpoint=missing.pt"), "does not exist"),
+        (("policy=mlp", "policy.checkpoint=corrupt.pt"), "not a readable state_dict"),
+        (("frames_per_batch=2.5",), "frames_per_batch must be integral"),
+        (("total_frames=-5",), "or -1 to run until interrupted"),
+        (("out=blocker/ds.h5",), "is not writable"),
+        (("collector=multisync", "collector.workers=0"), "collector.workers must be at least 1"),
+        (("collector=multisync", "collector.preemptive_threshold=1.5"), "preemptive_threshold"),
+        (("collector=multisync", "env=gym", "env.id=Nope-v3"), "unknown env id 'Nope-v3'"),
     ],
 )
 def test_usage_errors_exit_2_one_line(cli, tmp_path, args, message):
@@ -231,7 +238,10 @@ def test_usage_errors_exit_2_one_line(cli, tmp_path, args, message):
 
         if torch.cuda.is_available():
             pytest.skip("CUDA is present")
-    res = cli("run", "total_frames=100", "out=ds.h5", *args)
+    (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
+    (tmp_path / "blocker").write_text("a file where a directory should be")
+    args = ("out=ds.h5", *args) if not any(a.startswith("out=") for a in args) else args
+    res = cli("run", "total_frames=100", *args)
     assert res.code == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr

@@ -8,6 +8,7 @@ Frame keys are datasets shaped ``[lanes, time, ...]`` growing along ``time``;
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,8 @@ class Hdf5Writer(Writer):
     def _close(self) -> None:
         if self._file is not None:
             self._file.close()
+            with open(self.path, "rb+") as f:  # durable across power loss once closed
+                os.fsync(f.fileno())
             self._file = None
 
 

@@ -6,8 +6,9 @@ planned number of steps for a finite run, doubling for an endless one, and
 compacted to the written steps when an endless run completes. Frames not yet
 written carry ``collector/mask`` False. ``episodes/`` columns are append-only
 files. Each directory holds the ``meta.json`` tensordict reads; rlcollect's
-own metadata is ``rlcollect.json``. Commits ``msync`` the data, then replace the
-JSON files atomically, so a reader never sees metadata ahead of the data.
+own metadata is ``rlcollect.json``. A commit writes the data, then replaces the
+JSON files atomically, so a reader (or a run resumed after ``kill -9``) never
+sees metadata ahead of the data; closing also ``msync``/``fsync``s everything.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ def torch_dtype_name(dtype: np.dtype) -> str:
     return str(torch.from_numpy(np.empty(0, dtype=dtype)).dtype)
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomically replace ``path`` with ``data`` (write, fsync, rename)."""
+def write_json(path: Path, data: dict[str, Any], sync: bool = False) -> None:
+    """Atomically replace ``path`` with ``data`` (write, optionally fsync, rename)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -137,13 +139,21 @@ class MemmapWriter(Writer):
             write_json(self.path.joinpath(*key, "meta.json"), content)
 
     def _commit(self) -> None:
+        # Data first (into the page cache, which outlives this process), then the
+        # metadata that makes it visible, each JSON file replaced atomically.
+        for f in self._episode_files.values():
+            f.flush()
+        self._write_td_meta(only_episodes=True)
+        write_json(self.path / META_FILE, self.meta)
+
+    def _sync(self) -> None:
+        """Force everything to the device (at close: durable across power loss)."""
         for mm in self._maps.values():
             mm.flush()
         for f in self._episode_files.values():
             f.flush()
             os.fsync(f.fileno())
-        self._write_td_meta(only_episodes=True)
-        write_json(self.path / META_FILE, self.meta)
+        write_json(self.path / META_FILE, self.meta, sync=True)
 
     def close(self, status: str = "complete") -> None:
         if status == "complete" and self._specs and self.capacity != self.steps:
@@ -151,6 +161,7 @@ class MemmapWriter(Writer):
         super().close(status)
 
     def _close(self) -> None:
+        self._sync()
         for f in self._episode_files.values():
             f.close()
         self._episode_files.clear()
