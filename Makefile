@@ -23,7 +23,7 @@ run: $(STAMP)  ## the headline job: 1e6 Pendulum frames into data/ (CPU)
 	$(BIN)/rlcollect run env=Pendulum total_frames=1e6 device=cpu overwrite=true
 
 test: $(STAMP)  ## run the test suite
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2
 
 lint: $(STAMP)  ## ruff lint + format check
 	$(BIN)/ruff check collect_cli tests benchmarks

@@ -196,6 +196,29 @@ def info(
     raise typer.Exit(_guarded(show, debug=False))
 
 
+@app.command()
+def validate(
+    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+) -> None:
+    """Check a dataset's integrity; exit 0 only if it is sound, 1 with what is wrong."""
+
+    def check() -> int:
+        from collect_cli.errors import OutputError
+        from collect_cli.validate import validate as validate_dataset
+
+        if not path.exists():
+            raise OutputError(f"no dataset at {str(path)!r}")
+        problems = validate_dataset(path)
+        if not problems:
+            print(f"ok: {path} is sound")
+            return EXIT_OK
+        for problem in problems:
+            print(f"{path}: {problem}")
+        return EXIT_RUNTIME
+
+    raise typer.Exit(_guarded(check, debug=False))
+
+
 def _print_info(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -1,42 +1,19 @@
-"""Dataset consistency checks and process-tree helpers shared by the tests."""
+"""Dataset checks and process-tree helpers shared by the tests."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import numpy as np
-
+from collect_cli.validate import validate
 from collect_cli.writers import open_dataset
 
 
 def assert_consistent(path: Path | str) -> dict:
-    """Check the contract on a dataset reopened from disk; return its metadata."""
-    ds = open_dataset(path)
-    meta = ds.meta
-    mask = ds.array("collector/mask")
-    traj = ds.array("collector/traj_ids")
-    done = ds.array("next/done")[..., 0]
-    assert int(mask.sum()) == meta["frames"]
-    assert (traj[~mask] == -1).all(), "padding must carry traj_id -1"
-    assert (traj[mask] >= 0).all()
-    lanes_of = {}
-    for lane in range(traj.shape[0]):
-        valid = np.flatnonzero(mask[lane])
-        ids, d = traj[lane, valid], done[lane, valid]
-        # within a lane (skipping padding) the id changes exactly after a done frame
-        np.testing.assert_array_equal(ids[1:] != ids[:-1], d[:-1])
-        for i in np.unique(ids):
-            assert lanes_of.setdefault(int(i), lane) == lane, f"traj {i} in two lanes"
-    ep = ds.episodes()
-    count = meta["episodes"]
-    assert len(ep["traj_id"]) == count
-    assert len(np.unique(ep["traj_id"])) == count
-    assert set(ep["traj_id"].tolist()) == set(lanes_of)
-    assert int(ep["length"].sum()) == meta["frames"]
-    for i in range(count):
-        assert lanes_of[int(ep["traj_id"][i])] == ep["lane"][i]
-    return meta
+    """The dataset reopened from disk passes ``rlcollect validate``; return its metadata."""
+    problems = validate(path)
+    assert not problems, problems
+    return open_dataset(path).meta
 
 
 def descendants(pid: int) -> set[int]:

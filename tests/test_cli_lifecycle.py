@@ -13,6 +13,7 @@ import pytest
 
 from collect_cli.writers import open_dataset
 from tests.conftest import HERE, out_path
+from tests.helpers import assert_consistent
 
 
 def start(args, cwd):
@@ -87,3 +88,40 @@ def test_env_failure_mid_run_exits_1_and_keeps_committed_data(tmp_path, backend)
     # each lane fails on its 45th step: 4 whole batches of 10 steps were committed
     assert meta["status"] == "interrupted"
     assert meta["frames"] == 80 and meta["steps"] == 40
+
+
+def test_disk_full_exits_1_and_keeps_committed_data(tmp_path, backend):
+    """A file-size limit (RLIMIT_FSIZE) stands in for a full disk."""
+    import resource
+
+    out = out_path(tmp_path, backend)
+    limit = 6 << 20
+
+    def cap_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = dict(os.environ, PYTHONPATH=str(HERE / "support"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "collect_cli",
+            "run",
+            "total_frames=-1",
+            f"writer={backend}",
+            f"out={out}",
+            "progress=none",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=cap_file_size,
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "File too large" in lines[0], proc.stderr
+    assert "readable up to the last commit" in lines[0]
+    meta = assert_consistent(out)
+    assert meta["frames"] > 0 and meta["frames"] % 1000 == 0

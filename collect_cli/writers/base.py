@@ -51,12 +51,17 @@ def remove_output(path: Path) -> None:
         path.unlink()
 
 
+MASK_KEY = ("collector", "mask")
+
+
 def leaf_items(batch: TensorDictBase) -> list[tuple[tuple[str, ...], np.ndarray]]:
-    """``(key tuple, numpy array)`` for every leaf of a CPU batch."""
+    """``(key tuple, numpy array)`` for every leaf of a CPU batch, the mask last:
+    a frame whose mask is on disk has all its other entries on disk too."""
     out = []
     for key, value in batch.items(True, True):
         key = key if isinstance(key, tuple) else (key,)
         out.append((key, value.detach().cpu().numpy()))
+    out.sort(key=lambda item: item[0] == MASK_KEY)
     return out
 
 
@@ -102,9 +107,14 @@ class Writer(abc.ABC):
                 frames=0,
                 steps=0,
                 episodes=0,
+                lanes=self.lanes,
             )
             self._open()
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                self._close()
+            with contextlib.suppress(OSError):
+                remove_output(self.path)  # nothing was committed: leave nothing behind
             raise WriteError(f"cannot create {str(self.path)!r}: {exc.strerror or exc}") from exc
         return self
 
@@ -139,8 +149,17 @@ class Writer(abc.ABC):
         return rows
 
     def commit(self) -> None:
-        """Make everything appended so far durable and visible to readers."""
-        self.meta.update(frames=self.frames, steps=self.steps, episodes=self.episodes)
+        """Make everything appended so far durable and visible to readers.
+
+        Frames past a lane's ``lane_steps`` entry may already be on disk after a
+        crash; they are not part of the dataset until committed.
+        """
+        self.meta.update(
+            frames=self.frames,
+            steps=self.steps,
+            episodes=self.episodes,
+            lane_steps=self.cursor.tolist(),
+        )
         try:
             self._commit()
         except OSError as exc:

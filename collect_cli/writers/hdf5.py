@@ -18,8 +18,9 @@ import numpy as np
 from collect_cli.writers.base import Writer
 from collect_cli.writers.episodes import COLUMNS, Rows
 
-JSON_ATTRS = ("observation_space", "action_space", "versions", "shards")
+JSON_ATTRS = ("observation_space", "action_space", "versions", "shards", "lane_steps")
 FILL = {("collector", "traj_ids"): -1}  # frames not written yet are padding
+RESERVE_MARGIN = 1 << 20  # room for HDF5 metadata and for closing after a failed reservation
 
 
 def encode_attrs(attrs: h5py.AttributeManager, meta: dict[str, Any]) -> None:
@@ -56,9 +57,23 @@ class Hdf5Writer(Writer):
         self._file: h5py.File | None = None
         self._frames: dict[tuple[str, ...], h5py.Dataset] = {}
         self._episodes: dict[str, h5py.Dataset] = {}
+        self._fd: int | None = None
+        self._reserved = 0
+
+    def _reserve(self, nbytes: int) -> None:
+        """Allocate disk space ahead of HDF5, so that a full disk (or a file-size
+        limit) fails here, before HDF5 writes anything, and never inside HDF5,
+        which cannot recover from a failed write and may leave the file unreadable."""
+        want = self._file.id.get_filesize() + nbytes + RESERVE_MARGIN
+        if want > self._reserved:
+            want = max(want, self._reserved + self._reserved // 4)
+            os.posix_fallocate(self._fd, 0, want)
+            self._reserved = want
 
     def _open(self) -> None:
         self._file = h5py.File(self.path, "w", locking=False)
+        self._fd = os.open(self.path, os.O_RDWR)
+        self._reserve(0)
         encode_attrs(self._file.attrs, self.meta)
         for name, dtype in COLUMNS.items():
             self._episodes[name] = self._file.create_dataset(
@@ -83,6 +98,7 @@ class Hdf5Writer(Writer):
             )
 
     def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
+        self._reserve(2 * sum(array.nbytes for _, array in items))
         for key, array in items:
             ds = self._frames[key]
             if ds.shape[1] < t0 + steps:
@@ -102,11 +118,17 @@ class Hdf5Writer(Writer):
         self._file.flush()
 
     def _close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            with open(self.path, "rb+") as f:  # durable across power loss once closed
-                os.fsync(f.fileno())
-            self._file = None
+        if self._file is None:
+            return
+        self._file.flush()
+        used = self._file.id.get_filesize()  # HDF5's end of allocated space
+        self._file.close()
+        self._file = None
+        if os.fstat(self._fd).st_size > used:
+            os.ftruncate(self._fd, used)  # give back the space reserved ahead
+        os.fsync(self._fd)  # durable across power loss once closed
+        os.close(self._fd)
+        self._fd = None
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -13,8 +13,11 @@ sees metadata ahead of the data; closing also ``msync``/``fsync``s everything.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,27 @@ def write_json(path: Path, data: dict[str, Any], sync: bool = False) -> None:
             f.flush()
             os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Atomically swap two directories (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Where the kernel or filesystem lacks it, falls back to two renames (a crash
+    between them leaves the dataset under ``<path>.resize``).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(b))
+    parked = b.with_name(b.name + ".old")
+    os.rename(b, parked)
+    os.rename(a, b)
+    os.rename(parked, a)
 
 
 def td_meta_tree(
@@ -92,12 +116,32 @@ class MemmapWriter(Writer):
         self._resize(max(self.planned_steps or 0, items[0][1].shape[1]))
 
     def _resize(self, capacity: int) -> None:
-        """(Re)allocate every frame file with ``capacity`` steps, keeping what is written."""
+        """(Re)allocate every frame file with ``capacity`` steps, keeping what is written.
+
+        The new layout is built in a sibling directory (episodes files hard-linked,
+        the committed metadata copied) and swapped in with one atomic exchange, so
+        a crash at any moment leaves either the old dataset or the new one.
+        """
         keep = min(self.steps, capacity)
+        staging = self.path.with_name(self.path.name + ".resize")
+        if staging.exists():
+            shutil.rmtree(staging)
+        for sub in [p for p in self.path.rglob("*") if p.is_dir()]:
+            (staging / sub.relative_to(self.path)).mkdir(parents=True, exist_ok=True)
+        for name in COLUMNS:
+            os.link(
+                self.path / "episodes" / f"{name}.memmap", staging / "episodes" / f"{name}.memmap"
+            )
+        shutil.copy2(self.path / "episodes" / "meta.json", staging / "episodes" / "meta.json")
+        shutil.copy2(self.path / META_FILE, staging / META_FILE)
         for key, (feat, dtype) in self._specs.items():
-            final = self._file(key)
-            tmp = final.with_name(final.name + ".tmp")
-            new = np.memmap(tmp, dtype=dtype, mode="w+", shape=(self.lanes, capacity, *feat))
+            target = staging.joinpath(*key[:-1], key[-1] + ".memmap")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shape = (self.lanes, capacity, *feat)
+            with open(target, "wb") as f:  # real blocks, not a sparse file: a full disk fails
+                size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                os.posix_fallocate(f.fileno(), 0, max(size, 1))  # here, not as SIGBUS later
+            new = np.memmap(target, dtype=dtype, mode="r+", shape=shape)
             old = self._maps.get(key)
             if old is not None and keep:
                 new[:, :keep] = old[:, :keep]
@@ -105,13 +149,17 @@ class MemmapWriter(Writer):
                 new[:, keep:] = -1  # frames not written yet are padding
             new.flush()
             del new
-            self._maps.pop(key, None)
-            os.replace(tmp, final)
-            self._maps[key] = np.memmap(
-                final, dtype=dtype, mode="r+", shape=(self.lanes, capacity, *feat)
-            )
+        self._write_td_meta(
+            root=staging, capacity=capacity, only_episodes=False, skip_episodes=True
+        )
+        self._maps.clear()
+        exchange(staging, self.path)
+        shutil.rmtree(staging)
         self.capacity = capacity
-        self._write_td_meta()
+        for key, (feat, dtype) in self._specs.items():
+            self._maps[key] = np.memmap(
+                self._file(key), dtype=dtype, mode="r+", shape=(self.lanes, capacity, *feat)
+            )
 
     def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
         if t0 + steps > self.capacity:
@@ -124,19 +172,27 @@ class MemmapWriter(Writer):
             for name, f in self._episode_files.items():
                 f.write(np.ascontiguousarray(rows[name], COLUMNS[name]).tobytes())
 
-    def _write_td_meta(self, only_episodes: bool = False) -> None:
-        leaves = {
-            k: ((self.lanes, self.capacity, *feat), dt) for k, (feat, dt) in self._specs.items()
-        }
+    def _write_td_meta(
+        self,
+        only_episodes: bool = False,
+        root: Path | None = None,
+        capacity: int | None = None,
+        skip_episodes: bool = False,
+    ) -> None:
+        """Write tensordict's ``meta.json`` files (under ``root``, default the dataset)."""
+        root = root or self.path
+        cap = self.capacity if capacity is None else capacity
+        leaves = {k: ((self.lanes, cap, *feat), dt) for k, (feat, dt) in self._specs.items()}
         for name, dtype in COLUMNS.items():
             leaves[("episodes", name)] = ((self.episodes,), dtype)
         for key, content in td_meta_tree(leaves).items():
-            if only_episodes and key != ("episodes",):
+            is_episodes = key == ("episodes",)
+            if (only_episodes and not is_episodes) or (skip_episodes and is_episodes):
                 continue
-            shape = [self.episodes] if key == ("episodes",) else []
+            shape = [self.episodes] if is_episodes else []
             content.update(shape=shape, device="cpu", **TD_CLASS)
             content["_class"] = "tensordict:TensorDict"
-            write_json(self.path.joinpath(*key, "meta.json"), content)
+            write_json(root.joinpath(*key, "meta.json"), content)
 
     def _commit(self) -> None:
         # Data first (into the page cache, which outlives this process), then the

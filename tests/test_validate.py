@@ -1,0 +1,89 @@
+"""``rlcollect validate``: sound datasets pass, damaged ones fail with what is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from collect_cli.validate import validate
+from tests.conftest import out_path
+
+
+@pytest.fixture
+def dataset(cli, tmp_path, backend):
+    out = out_path(tmp_path, backend)
+    res = cli("run", "env=CartPole", "total_frames=3000", f"writer={backend}", f"out={out}")
+    assert res.code == 0, res.stderr
+    return out
+
+
+def test_sound_dataset_passes(cli, dataset):
+    assert validate(dataset) == []
+    res = cli("validate", str(dataset))
+    assert res.code == 0 and res.stdout.startswith("ok:")
+
+
+def test_truncated_file_fails(cli, tmp_path):
+    out = tmp_path / "t.h5"
+    assert cli("run", "total_frames=20000", f"out={out}").code == 0
+    size = out.stat().st_size
+    with open(out, "r+b") as f:
+        f.truncate(size // 2)
+    res = cli("validate", str(out))
+    assert res.code == 1
+    assert "unreadable" in res.stdout or "truncated" in res.stdout
+
+
+def test_missing_key_fails(cli, dataset, backend):
+    if backend == "hdf5":
+        with h5py.File(dataset, "r+") as f:
+            del f["next/reward"]
+    else:
+        (dataset / "next" / "reward.memmap").unlink()
+        meta_file = dataset / "next" / "meta.json"
+        meta = json.loads(meta_file.read_text())
+        del meta["reward"]
+        meta_file.write_text(json.dumps(meta))
+    res = cli("validate", str(dataset))
+    assert res.code == 1
+    assert "missing key 'next/reward'" in res.stdout
+
+
+def test_inconsistent_traj_ids_fail(cli, dataset, backend):
+    if backend == "hdf5":
+        with h5py.File(dataset, "r+") as f:
+            traj = f["collector/traj_ids"]
+            row = traj[0]
+            done = f["next/done"][0, :, 0]
+            t = int(np.flatnonzero(~done)[3])  # inside an episode
+            row[t + 1] = row[t] + 1000
+            traj[0] = row
+    else:
+        from tensordict import TensorDict
+
+        td = TensorDict.load_memmap(dataset)
+        done = td["next", "done"][0, :, 0].numpy()
+        t = int(np.flatnonzero(~done)[3])
+        td["collector", "traj_ids"][0, t + 1] += 1000
+    res = cli("validate", str(dataset))
+    assert res.code == 1
+    assert "traj_ids out of order in lane 0" in res.stdout
+
+
+def test_episode_table_mismatch_fails(dataset, backend):
+    if backend == "hdf5":
+        with h5py.File(dataset, "r+") as f:
+            f["episodes/return"][0] += 1.0
+    else:
+        from tensordict import TensorDict
+
+        TensorDict.load_memmap(dataset)["episodes", "return"][0] += 1.0
+    assert "episodes/return disagrees with the frames' rewards" in validate(dataset)
+
+
+def test_missing_path_is_usage_error(cli, tmp_path):
+    res = cli("validate", str(tmp_path / "nope.h5"))
+    assert res.code == 2 and "no dataset" in res.stderr
