@@ -47,6 +47,21 @@ class MlpPolicyConfig:
 
 
 @dataclass
+class TorchScriptPolicyConfig:
+    name: str = "torchscript"
+    path: str = MISSING
+
+
+@dataclass
+class PythonPolicyConfig:
+    name: str = "python"
+    target: str = MISSING
+
+
+PolicyConfig = RandomPolicyConfig | MlpPolicyConfig | TorchScriptPolicyConfig | PythonPolicyConfig
+
+
+@dataclass
 class SyncCollectorConfig:
     name: str = "sync"
 
@@ -115,7 +130,12 @@ class RunConfig:
     debug: bool = False
 
 
-POLICY_SCHEMAS = {"random": RandomPolicyConfig, "mlp": MlpPolicyConfig}
+POLICY_SCHEMAS = {
+    "random": RandomPolicyConfig,
+    "mlp": MlpPolicyConfig,
+    "torchscript": TorchScriptPolicyConfig,
+    "python": PythonPolicyConfig,
+}
 WRITER_SCHEMAS = {"hdf5": Hdf5WriterConfig, "memmap": MemmapWriterConfig}
 POSTPROC_SCHEMAS = {"none": NoPostprocConfig}
 COLLECTOR_SCHEMAS = {
@@ -132,7 +152,7 @@ class Settings:
     """The validated run settings: what ``run.run`` consumes."""
 
     env: EnvConfig
-    policy: RandomPolicyConfig | MlpPolicyConfig
+    policy: PolicyConfig
     collector: CollectorConfig
     writer: Hdf5WriterConfig | MemmapWriterConfig
     postproc: NoPostprocConfig
@@ -218,6 +238,12 @@ def load(cfg: DictConfig) -> Settings:
     """Validate a composed config into :class:`Settings` (raises ConfigError)."""
     if OmegaConf.is_missing(cfg.env, "id"):
         raise ConfigError("env=gym needs an id: add env.id=<gymnasium id>, e.g. env.id=Hopper-v5")
+    for option, key, example in (
+        ("torchscript", "path", "policy.path=policy.pt"),
+        ("python", "target", "policy.target=my_pkg.policies:make_policy"),
+    ):
+        if cfg.policy.get("name") == option and OmegaConf.is_missing(cfg.policy, key):
+            raise ConfigError(f"policy={option} needs policy.{key}: add {example}")
     try:
         env = OmegaConf.to_object(cfg.env)
     except OmegaConfBaseException as exc:

@@ -4,6 +4,8 @@ and, optionally, extra outputs such as ``sample_log_prob``."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import itertools
 import math
 from collections.abc import Callable
@@ -13,11 +15,17 @@ from pathlib import Path
 import numpy as np
 import torch
 from gymnasium import spaces
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
 from collect_cli import specs
-from collect_cli.config import MlpPolicyConfig, RandomPolicyConfig
+from collect_cli.config import (
+    PolicyConfig,
+    PythonPolicyConfig,
+    RandomPolicyConfig,
+    TorchScriptPolicyConfig,
+)
 from collect_cli.errors import PolicyError
 
 ACTIVATIONS = {
@@ -167,6 +175,87 @@ class MlpPolicy(nn.Module):
         return td
 
 
+class ObservationPolicy(nn.Module):
+    """Adapts a module or callable on observations to the TensorDict policy interface.
+
+    It receives the observation tensor (a TensorDict for Dict/Tuple spaces) and
+    returns the action, or a dict/TensorDict with ``action`` and extra outputs
+    (``sample_log_prob``, ...), which are all recorded.
+    """
+
+    def __init__(self, fn: Callable[..., object], name: str):
+        super().__init__()
+        self.fn = fn  # an nn.Module is registered as a submodule: state_dict, .to() work
+        self.name = name
+
+    def forward(self, td: TensorDict) -> TensorDict:
+        out = self.fn(td.get("observation"))
+        if isinstance(out, (dict, TensorDictBase)):
+            for key, value in out.items():
+                td.set(key, value)
+        elif isinstance(out, torch.Tensor):
+            td.set("action", out)
+        else:
+            raise PolicyError(
+                f"policy {self.name} returned {type(out).__name__}: "
+                "expected an action tensor or a dict with 'action'"
+            )
+        return td
+
+
+def load_python_policy(
+    target: str, obs_space: spaces.Space, action_space: spaces.Space
+) -> nn.Module:
+    """Import ``pkg.module:factory`` and build the policy it returns."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise PolicyError(f"policy.target={target!r} must look like 'pkg.module:factory'")
+    try:
+        obj: object = importlib.import_module(module_name)
+    except Exception as exc:
+        raise PolicyError(
+            f"cannot import policy.target module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise PolicyError(f"policy.target {target!r}: {module_name} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise PolicyError(f"policy.target {target!r} is not callable")
+    try:
+        params = inspect.signature(obj).parameters
+        takes_spaces = "observation_space" in params or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+        )
+    except (TypeError, ValueError):
+        takes_spaces = False
+    try:
+        if takes_spaces:
+            policy = obj(observation_space=obs_space, action_space=action_space)
+        else:
+            policy = obj()
+    except Exception as exc:
+        raise PolicyError(f"policy factory {target} raised {type(exc).__name__}: {exc}") from None
+    if isinstance(policy, TensorDictModuleBase):
+        return policy
+    if not callable(policy):
+        raise PolicyError(f"policy factory {target} returned {type(policy).__name__}, not a policy")
+    return ObservationPolicy(policy, target)
+
+
+def load_torchscript_policy(path: str) -> nn.Module:
+    file = Path(path)
+    if not file.is_file():
+        raise PolicyError(f"policy.path {path!r} does not exist")
+    try:
+        module = torch.jit.load(str(file), map_location="cpu")
+    except Exception as exc:
+        raise PolicyError(
+            f"policy.path {path!r} is not a TorchScript file ({type(exc).__name__})"
+        ) from None
+    return ObservationPolicy(module, path)
+
+
 def load_state_dict(module: nn.Module, path: str) -> None:
     """Load a weights-only checkpoint into ``module`` (accepts ``net.``-prefixed keys or not)."""
     file = Path(path)
@@ -196,7 +285,7 @@ def load_state_dict(module: nn.Module, path: str) -> None:
 class PolicyFactory:
     """A picklable recipe for the configured policy (each worker builds its own)."""
 
-    cfg: RandomPolicyConfig | MlpPolicyConfig
+    cfg: PolicyConfig
     device: str
     seed: int
 
@@ -205,7 +294,7 @@ class PolicyFactory:
 
 
 def build_policy(
-    cfg: RandomPolicyConfig | MlpPolicyConfig,
+    cfg: PolicyConfig,
     obs_space: spaces.Space,
     action_space: spaces.Space,
     device: torch.device,
@@ -214,6 +303,13 @@ def build_policy(
     """Build the configured policy on ``device``, reproducibly from ``seed``."""
     if isinstance(cfg, RandomPolicyConfig):
         return RandomPolicy(action_space, device, seed)
+    if isinstance(cfg, TorchScriptPolicyConfig):
+        return load_torchscript_policy(cfg.path).to(device).eval()
+    if isinstance(cfg, PythonPolicyConfig):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            policy = load_python_policy(cfg.target, obs_space, action_space)
+        return policy.to(device).eval() if isinstance(policy, nn.Module) else policy
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         policy = MlpPolicy(obs_space, action_space, list(cfg.hidden), cfg.activation)

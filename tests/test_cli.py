@@ -230,6 +230,11 @@ def test_default_out_under_data(cli, tmp_path):
         (("collector=multisync", "collector.workers=0"), "collector.workers must be at least 1"),
         (("collector=multisync", "collector.preemptive_threshold=1.5"), "preemptive_threshold"),
         (("collector=multisync", "env=gym", "env.id=Nope-v3"), "unknown env id 'Nope-v3'"),
+        (("policy=python", "policy.target=nomodule:make"), "No module named 'nomodule'"),
+        (("policy=python", "policy.target=badpolicymodule:make"), "cannot be imported"),
+        (("policy=python",), "policy=python needs policy.target"),
+        (("policy=torchscript", "policy.path=missing.pt"), "does not exist"),
+        (("policy=torchscript", "policy.path=corrupt.pt"), "is not a TorchScript file"),
     ],
 )
 def test_usage_errors_exit_2_one_line(cli, tmp_path, args, message):
@@ -249,6 +254,44 @@ def test_usage_errors_exit_2_one_line(cli, tmp_path, args, message):
     assert "Traceback" not in res.stderr
     assert res.stdout == ""
     assert not (tmp_path / "ds.h5").exists()
+
+
+def test_python_and_torchscript_policies_drive_runs(cli, tmp_path):
+    import torch
+
+    out = tmp_path / "g.h5"
+    res = cli(
+        "run",
+        "policy=python",
+        "policy.target=toypolicies:gaussian",
+        "total_frames=1000",
+        f"out={out}",
+        "collector=multisync",
+    )
+    assert res.code == 0, res.stderr
+    ds = open_dataset(out)
+    loc, scale = ds.array("loc"), ds.array("scale")
+    action, logp = ds.array("action"), ds.array("action_log_prob")
+    expected = torch.distributions.Normal(torch.as_tensor(loc), torch.as_tensor(scale)).log_prob(
+        torch.as_tensor(action)
+    )
+    np.testing.assert_allclose(logp, expected.numpy().reshape(logp.shape), rtol=1e-5, atol=1e-5)
+
+    net = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Tanh()))
+    net.save(str(tmp_path / "p.pt"))
+    out = tmp_path / "ts.h5"
+    res = cli(
+        "run",
+        "policy=torchscript",
+        f"policy.path={tmp_path / 'p.pt'}",
+        "total_frames=1000",
+        f"out={out}",
+    )
+    assert res.code == 0, res.stderr
+    ds = open_dataset(out)
+    obs = torch.as_tensor(ds.array("observation"))
+    with torch.no_grad():
+        np.testing.assert_allclose(ds.array("action"), net(obs).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_debug_true_prints_traceback(cli):

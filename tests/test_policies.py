@@ -109,3 +109,57 @@ def test_seeded_init_is_reproducible():
     b = build_policy(MlpPolicyConfig(), obs, act, torch.device("cpu"), seed=1)
     assert torch.equal(a.net[0].weight, b.net[0].weight)
     assert isinstance(build_policy(RandomPolicyConfig(), obs, act, "cpu", 0), RandomPolicy)
+
+
+def test_python_policy_kinds():
+    from collect_cli.config import PythonPolicyConfig
+
+    obs, act = spaces.Box(-1, 1, (3,)), spaces.Box(-2, 2, (1,))
+    td = TensorDict({"observation": torch.randn(5, 3)}, batch_size=[5])
+    const = build_policy(PythonPolicyConfig(target="toypolicies:constant"), obs, act, "cpu", 0)
+    assert torch.equal(const(td.clone())["action"], torch.zeros(5, 1))
+    lin = build_policy(PythonPolicyConfig(target="toypolicies:linear"), obs, act, "cpu", 0)
+    assert "fn.0.weight" in lin.state_dict()
+    with torch.no_grad():
+        assert lin(td.clone())["action"].shape == (5, 1)
+    gauss = build_policy(PythonPolicyConfig(target="toypolicies:gaussian"), obs, act, "cpu", 0)
+    with torch.no_grad():
+        out = gauss(td.clone())
+    assert {"loc", "scale", "action", "action_log_prob"} <= set(out.keys())
+    expected = torch.distributions.Normal(out["loc"], out["scale"]).log_prob(out["action"])
+    logp = out["action_log_prob"]
+    torch.testing.assert_close(logp, expected.reshape(logp.shape))
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("toypolicies", "must look like 'pkg.module:factory'"),
+        ("nomodule:x", "No module named 'nomodule'"),
+        ("badpolicymodule:x", "this module cannot be imported"),
+        ("toypolicies:nothere", "has no 'nothere'"),
+        ("toypolicies:broken", "raised RuntimeError: factory exploded"),
+    ],
+)
+def test_python_policy_errors(target, message):
+    from collect_cli.config import PythonPolicyConfig
+
+    obs, act = spaces.Box(-1, 1, (3,)), spaces.Box(-2, 2, (1,))
+    with pytest.raises(PolicyError, match=message):
+        build_policy(PythonPolicyConfig(target=target), obs, act, "cpu", 0)
+
+
+def test_torchscript_policy(tmp_path):
+    from collect_cli.config import TorchScriptPolicyConfig
+
+    net = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Tanh()))
+    net.save(str(tmp_path / "p.pt"))
+    obs, act = spaces.Box(-1, 1, (3,)), spaces.Box(-2, 2, (1,))
+    policy = build_policy(TorchScriptPolicyConfig(path=str(tmp_path / "p.pt")), obs, act, "cpu", 0)
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        got = policy(TensorDict({"observation": x}, batch_size=[4]))["action"]
+        torch.testing.assert_close(got, net(x))
+    (tmp_path / "bad.pt").write_bytes(b"junk")
+    with pytest.raises(PolicyError, match="is not a TorchScript file"):
+        build_policy(TorchScriptPolicyConfig(path=str(tmp_path / "bad.pt")), obs, act, "cpu", 0)

@@ -1,0 +1,1 @@
+raise ImportError("this module cannot be imported")

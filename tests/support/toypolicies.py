@@ -1,0 +1,45 @@
+"""Policy factories for ``policy=python`` tests (importable as ``toypolicies:<name>``)."""
+
+from __future__ import annotations
+
+import torch
+from tensordict.nn import NormalParamExtractor, ProbabilisticTensorDictModule, TensorDictModule
+from tensordict.nn import TensorDictSequential as Seq
+from torch import nn
+from torch.distributions import Normal
+
+
+def constant(observation_space, action_space):
+    """A plain callable on the observation tensor: always the middle of the Box."""
+    mid = torch.as_tensor((action_space.low + action_space.high) / 2)
+
+    def act(obs):
+        return mid.expand(obs.shape[0], *mid.shape).clone()
+
+    return act
+
+
+def linear():
+    """A bare nn.Module (no arguments taken by the factory)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 1), nn.Tanh())
+
+
+def gaussian(observation_space, action_space):
+    """A TensorDictModule policy recording loc, scale and the log-prob of its action."""
+    net = TensorDictModule(
+        nn.Sequential(nn.Linear(3, 2), NormalParamExtractor()),
+        in_keys=["observation"],
+        out_keys=["loc", "scale"],
+    )
+    dist = ProbabilisticTensorDictModule(
+        in_keys=["loc", "scale"],
+        out_keys=["action"],
+        distribution_class=Normal,
+        return_log_prob=True,
+    )
+    return Seq(net, dist)
+
+
+def broken():
+    raise RuntimeError("factory exploded")
