@@ -18,7 +18,7 @@ import typer
 
 from collect_cli import __version__
 
-EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_RUNTIME, EXIT_INTERRUPTED = 0, 1, 130  # usage errors: UsageError.exit_code (2)
 
 app = typer.Typer(
     name="rlcollect",

@@ -41,9 +41,3 @@ class CollectionError(RlcollectError):
 
 class WriteError(RlcollectError):
     """Runtime failure while writing: disk full, I/O error..."""
-
-
-class Interrupted(RlcollectError):
-    """SIGINT/SIGTERM arrived; the dataset was flushed and marked interrupted."""
-
-    exit_code = 130

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from collect_cli.validate import validate
@@ -14,6 +17,33 @@ def assert_consistent(path: Path | str) -> dict:
     problems = validate(path)
     assert not problems, problems
     return open_dataset(path).meta
+
+
+SUPPORT = Path(__file__).parent / "support"
+
+
+def start_run(args: list[str], cwd: Path, **popen: object) -> subprocess.Popen:
+    """``rlcollect run ARGS`` as a background process (test envs importable)."""
+    env = dict(os.environ, PYTHONPATH=str(SUPPORT))
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "collect_cli", "run", *args], cwd=cwd, env=env, text=True, **popen
+    )
+
+
+def wait_for_frames(path: Path, proc: subprocess.Popen, minimum: int = 1, timeout=60.0) -> None:
+    """Wait until the running dataset at ``path`` has committed ``minimum`` frames."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if open_dataset(path).meta.get("frames", 0) >= minimum:
+                return
+        except Exception:
+            pass  # not created yet, or caught mid-write by this reader
+        time.sleep(0.1)
+    raise AssertionError(f"the run committed fewer than {minimum} frames in {timeout} s")
 
 
 def descendants(pid: int) -> set[int]:

@@ -323,3 +323,18 @@ def test_help_and_version_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_envs_json_and_cfg_job(cli):
+    res = cli("envs", "--json")
+    assert res.code == 0, res.stderr
+    data = json.loads(res.stdout)
+    presets = {p["name"]: p["id"] for p in data["presets"]}
+    assert presets["CartPole"] == "CartPole-v1" and presets["gym"] is None
+    assert {"name": "gymnasium", "available": True}.items() <= data["backends"][0].items()
+    assert isinstance(data["cuda"]["available"], bool)
+    cfg = cli("run", "--cfg", "job", "env=CartPole", "total_frames=1e4")
+    assert cfg.code == 0, cfg.stderr
+    assert "id: CartPole-v1" in cfg.stdout and "total_frames: 10000.0" in cfg.stdout
+    bad = cli("run", "--cfg", "job", "total_frames=1.5")
+    assert bad.code == 2 and "integral" in bad.stderr

@@ -7,44 +7,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from collect_cli.writers import open_dataset
 from tests.conftest import HERE, out_path
-from tests.helpers import assert_consistent
-
-
-def start(args, cwd):
-    env = dict(os.environ, PYTHONPATH=str(HERE / "support"))
-    return subprocess.Popen(
-        [sys.executable, "-m", "collect_cli", "run", *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for_frames(path, proc, minimum=1, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            if open_dataset(path).meta.get("frames", 0) >= minimum:
-                return
-        except Exception:
-            pass  # not created yet, or caught mid-write by this reader
-        time.sleep(0.1)
-    raise AssertionError("the run committed no frames in time")
+from tests.helpers import assert_consistent, start_run, wait_for_frames
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_flushes_and_exits_130(tmp_path, backend, sig):
     out = out_path(tmp_path, backend)
-    proc = start(
+    proc = start_run(
         ["total_frames=-1", "frames_per_batch=200", f"writer={backend}", f"out={out}"], tmp_path
     )
     wait_for_frames(out, proc, minimum=1000)
@@ -64,7 +38,7 @@ def test_signal_flushes_and_exits_130(tmp_path, backend, sig):
 
 def test_env_failure_mid_run_exits_1_and_keeps_committed_data(tmp_path, backend):
     out = out_path(tmp_path, backend)
-    proc = start(
+    proc = start_run(
         [
             "env=gym",
             "env.id=toyenvs:Faulty-v0",

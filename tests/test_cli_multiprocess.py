@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from collect_cli.writers import open_dataset
-from tests.conftest import HERE, out_path
-from tests.helpers import assert_consistent, descendants, processes_mentioning
+from tests.conftest import out_path
+from tests.helpers import (
+    assert_consistent,
+    descendants,
+    processes_mentioning,
+    start_run,
+    wait_for_frames,
+)
 
 
 @pytest.mark.parametrize("collector", ["multisync", "multiasync"])
@@ -54,21 +58,9 @@ def test_multisync_reproducible_from_seed_cli(cli, tmp_path):
         np.testing.assert_array_equal(x, y)
 
 
-def start(args, cwd):
-    env = dict(os.environ, PYTHONPATH=str(HERE / "support"))
-    return subprocess.Popen(
-        [sys.executable, "-m", "collect_cli", "run", *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def test_worker_exception_exits_1_with_clear_message(tmp_path, backend):
     out = out_path(tmp_path, backend)
-    proc = start(
+    proc = start_run(
         [
             "collector=multisync",
             "env=gym",
@@ -97,7 +89,7 @@ def test_worker_exception_exits_1_with_clear_message(tmp_path, backend):
 
 def test_killed_worker_exits_1_within_10s_no_orphans(tmp_path, backend):
     out = out_path(tmp_path, backend)
-    proc = start(
+    proc = start_run(
         [
             "collector=multisync",
             "total_frames=-1",
@@ -108,14 +100,7 @@ def test_killed_worker_exits_1_within_10s_no_orphans(tmp_path, backend):
         ],
         tmp_path,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if open_dataset(out).meta.get("frames", 0) >= 800:
-                break
-        except Exception:
-            pass
-        time.sleep(0.1)
+    wait_for_frames(out, proc, minimum=800)
     workers = sorted(descendants(proc.pid))
     assert len(workers) == 2, workers
     os.kill(workers[1], signal.SIGKILL)
@@ -132,18 +117,11 @@ def test_killed_worker_exits_1_within_10s_no_orphans(tmp_path, backend):
 @pytest.mark.parametrize("collector", ["multisync", "multiasync"])
 def test_sigterm_stops_workers_cleanly(tmp_path, collector):
     out = tmp_path / "t.h5"
-    proc = start(
+    proc = start_run(
         [f"collector={collector}", "total_frames=-1", "frames_per_batch=200", f"out={out}"],
         tmp_path,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if open_dataset(out).meta.get("frames", 0) >= 400:
-                break
-        except Exception:
-            pass
-        time.sleep(0.1)
+    wait_for_frames(out, proc, minimum=400)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr

@@ -6,14 +6,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from collect_cli.writers import open_dataset
-from tests.conftest import HERE, out_path
-from tests.helpers import assert_consistent
+from tests.conftest import out_path
+from tests.helpers import assert_consistent, start_run
 
 RUNS_PER_BACKEND = 10
 
@@ -21,16 +20,11 @@ RUNS_PER_BACKEND = 10
 @pytest.mark.parametrize("backend", ["hdf5", "memmap"])
 def test_sigkill_at_random_moments_leaves_valid_datasets(tmp_path, backend):
     rng = random.Random(1234)
-    env = dict(os.environ, PYTHONPATH=str(HERE / "support"))
     for i in range(RUNS_PER_BACKEND):
         out = out_path(tmp_path, backend, f"run{i}")
         collector = ("sync", "multisync", "multiasync")[i % 3]
-        proc = subprocess.Popen(
+        proc = start_run(
             [
-                sys.executable,
-                "-m",
-                "collect_cli",
-                "run",
                 "total_frames=-1",
                 "frames_per_batch=200",
                 f"collector={collector}",
@@ -38,8 +32,7 @@ def test_sigkill_at_random_moments_leaves_valid_datasets(tmp_path, backend):
                 f"out={out}",
                 "progress=none",
             ],
-            cwd=tmp_path,
-            env=env,
+            tmp_path,
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
