@@ -124,6 +124,9 @@ def _guarded(fn, debug: bool) -> int:
     except RlcollectError as exc:
         if debug:
             traceback.print_exc()
+            worker_trace = getattr(exc, "worker_traceback", None)
+            if worker_trace:
+                print(f"in the worker process:\n{worker_trace}", file=sys.stderr, end="")
         _err(str(exc))
         return exc.exit_code
     except KeyboardInterrupt:

@@ -86,6 +86,26 @@ def test_worker_exception_exits_1_with_clear_message(tmp_path, backend):
     assert meta["status"] == "interrupted" and meta["frames"] == 9 * 40  # 9 whole batches
     assert not processes_mentioning(str(out))
 
+    debug = start_run(
+        [
+            "collector=multisync",
+            "env=gym",
+            "env.id=toyenvs:Faulty-v0",
+            "+env.kwargs.fail_at=5",
+            "env.num_envs=2",
+            "total_frames=1000",
+            "frames_per_batch=40",
+            f"writer={backend}",
+            f"out={out_path(tmp_path, backend, 'debug')}",
+            "progress=none",
+            "debug=true",
+        ],
+        tmp_path,
+    )
+    _, debug_err = debug.communicate(timeout=60)
+    assert debug.returncode == 1
+    assert "in the worker process:" in debug_err and "RuntimeError: simulated failure" in debug_err
+
 
 def test_killed_worker_exits_1_within_10s_no_orphans(tmp_path, backend):
     out = out_path(tmp_path, backend)
