@@ -126,6 +126,7 @@ class RunConfig:
     seed: int = 0
     out: str | None = None
     overwrite: bool = False
+    resume: bool = False
     progress: str = "auto"
     debug: bool = False
 
@@ -163,6 +164,7 @@ class Settings:
     seed: int
     out: Path
     overwrite: bool
+    resume: bool
     progress: str
     debug: bool
     config_yaml: str = ""
@@ -275,6 +277,8 @@ def load(cfg: DictConfig) -> Settings:
         if writer.chunk_frames < 1:
             raise ConfigError(f"writer.chunk_frames must be positive, got {writer.chunk_frames}")
 
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("resume=true and overwrite=true contradict each other: pick one")
     out = cfg.out
     out_path = Path(out) if out else default_out(env.id, policy.name, cfg.seed, writer.name)
     return Settings(
@@ -290,6 +294,7 @@ def load(cfg: DictConfig) -> Settings:
         seed=int(cfg.seed),
         out=out_path,
         overwrite=bool(cfg.overwrite),
+        resume=bool(cfg.resume),
         progress=cfg.progress,
         debug=bool(cfg.debug),
         config_yaml=OmegaConf.to_yaml(cfg),

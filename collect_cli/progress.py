@@ -12,7 +12,10 @@ from collect_cli.run import ProgressState
 def _fmt_eta(state: ProgressState) -> str:
     if state.total_frames <= 0 or state.frames <= 0:
         return "-"
-    left = state.elapsed * (state.total_frames - state.frames) / state.frames
+    new = state.frames - state.frames_before
+    if new <= 0:
+        return "-"
+    left = state.elapsed * (state.total_frames - state.frames) / new
     return time.strftime("%H:%M:%S", time.gmtime(max(0.0, left)))
 
 
@@ -38,7 +41,7 @@ class PlainProgress:
     def _write(self, state: ProgressState) -> None:
         total = f"/{state.total_frames}" if state.total_frames > 0 else ""
         pct = f" ({100 * state.frames / state.total_frames:.0f}%)" if state.total_frames > 0 else ""
-        fps = state.frames / state.elapsed if state.elapsed > 0 else 0.0
+        fps = (state.frames - state.frames_before) / state.elapsed if state.elapsed > 0 else 0.0
         print(
             f"frames {state.frames}{total}{pct} | {fps:.0f} frames/s | "
             f"episodes {state.episodes} | mean return {_fmt_return(state)} | "
@@ -81,7 +84,8 @@ class RichProgress:
         self._task = None
 
     def __call__(self, state: ProgressState) -> None:
-        fps = f"{state.frames / state.elapsed:,.0f}" if state.elapsed > 0 else "-"
+        new = state.frames - state.frames_before
+        fps = f"{new / state.elapsed:,.0f}" if state.elapsed > 0 else "-"
         fields = {"fps": fps, "episodes": state.episodes, "ret": _fmt_return(state)}
         if self._task is None:
             self._progress.start()

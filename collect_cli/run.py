@@ -21,7 +21,7 @@ from typing import Any
 
 from collect_cli import __version__, specs
 from collect_cli.config import Settings
-from collect_cli.errors import DeviceError
+from collect_cli.errors import ConfigError, DeviceError
 
 log = logging.getLogger("rlcollect")
 
@@ -46,6 +46,7 @@ class ProgressState:
     episodes: int
     mean_return: float | None
     elapsed: float
+    frames_before: int = 0  # frames a resumed dataset held when this run started
 
 
 ProgressFn = Callable[[ProgressState], None]
@@ -109,7 +110,15 @@ def trap_signals(flag: StopFlag) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def build_collector(settings: Settings, device, storing_device):
+def build_collector(
+    settings: Settings,
+    device,
+    storing_device,
+    *,
+    total_frames: int | None = None,
+    seed: int | None = None,
+    traj_id_start: int = 0,
+):
     """The configured collector over the configured env and policy (not yet iterated)."""
     from collect_cli import collectors
     from collect_cli.collectors import derive_seeds
@@ -121,10 +130,11 @@ def build_collector(settings: Settings, device, storing_device):
     policy = PolicyFactory(settings.policy, str(device), derive_seeds(settings.seed, 1, 2)[0])
     common = {
         "frames_per_batch": settings.frames_per_batch,
-        "total_frames": settings.total_frames,
+        "total_frames": settings.total_frames if total_frames is None else total_frames,
         "device": device,
         "storing_device": storing_device,
-        "seed": settings.seed,
+        "seed": settings.seed if seed is None else seed,
+        "traj_id_start": traj_id_start,
     }
     if coll.name == "sync":
         return collectors.SyncCollector(make_env, policy, **common)
@@ -163,6 +173,8 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
 
     device = resolve_device(settings.device)
     storing_device = resolve_device(settings.storing_device, "storing_device")
+    if settings.resume and settings.out.exists():
+        return _resume(settings, device, storing_device, progress)
     check_output(settings.out, settings.overwrite)
 
     collector = build_collector(settings, device, storing_device)
@@ -197,10 +209,77 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
         collector.shutdown()
 
 
+def _resume(settings: Settings, device, storing_device, progress: ProgressFn | None) -> RunResult:
+    """Continue the dataset at ``settings.out`` up to ``total_frames`` (fresh episodes)."""
+    from collect_cli.collectors import derive_seeds
+    from collect_cli.writers import make_writer, open_dataset
+
+    meta = open_dataset(settings.out).meta
+    done = int(meta.get("frames", 0))
+    if meta.get("status") == "complete":
+        log.info("%s is complete: nothing to resume", settings.out)
+        return RunResult(
+            str(settings.out), done, int(meta.get("episodes", 0)), 0.0, 0.0, "complete"
+        )
+    if meta.get("backend") != settings.writer.name:
+        raise ConfigError(
+            f"cannot resume {str(settings.out)!r}: it is a {meta.get('backend')} dataset, "
+            f"not writer={settings.writer.name}"
+        )
+    remaining = -1 if settings.total_frames < 0 else settings.total_frames - done
+    if remaining == 0 or (settings.total_frames > 0 and remaining < 0):
+        remaining = 0
+    writer_kwargs = {k: v for k, v in vars(settings.writer).items() if k != "name"}
+    writer = make_writer(settings.writer.name, settings.out, metadata={}, **writer_kwargs)
+    writer.reopen()
+    try:
+        collector = build_collector(
+            settings,
+            device,
+            storing_device,
+            total_frames=remaining,
+            seed=derive_seeds(settings.seed, 1, 7, done)[0],  # new episodes, not a replay
+            traj_id_start=writer.next_traj_id,
+        )
+    except BaseException:
+        _close_quietly(writer, "interrupted")
+        raise
+    try:
+        mismatch = [
+            what
+            for what, ours, theirs in (
+                ("env", collector.env_id, meta.get("env_id")),
+                ("lanes", collector.lanes, meta.get("lanes")),
+                (
+                    "observation space",
+                    specs.describe(collector.observation_space),
+                    meta.get("observation_space"),
+                ),
+                ("action space", specs.describe(collector.action_space), meta.get("action_space")),
+            )
+            if ours != theirs
+        ]
+        if mismatch:
+            _close_quietly(writer, "interrupted")
+            raise ConfigError(
+                f"cannot resume {str(settings.out)!r}: its {', '.join(mismatch)} differ from this "
+                "config (use the same env, env.num_envs and collector.workers)"
+            )
+        if remaining == 0:
+            writer.close("complete")
+            return RunResult(
+                str(settings.out), writer.frames, writer.episodes, 0.0, 0.0, "complete"
+            )
+        return _drive(collector, writer, settings, progress)
+    finally:
+        collector.shutdown()
+
+
 def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -> RunResult:
     flag = StopFlag()
     recent: deque[float] = deque(maxlen=100)
     start = time.perf_counter()
+    frames_before = writer.frames  # a resumed dataset already holds these
     status = "complete"
 
     def report() -> None:
@@ -212,6 +291,7 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
                     episodes=writer.episodes,
                     mean_return=sum(recent) / len(recent) if recent else None,
                     elapsed=time.perf_counter() - start,
+                    frames_before=frames_before,
                 )
             )
 
@@ -237,7 +317,7 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
         frames=writer.frames,
         episodes=writer.episodes,
         seconds=round(seconds, 3),
-        frames_per_s=round(writer.frames / seconds, 1) if seconds > 0 else 0.0,
+        frames_per_s=round((writer.frames - frames_before) / seconds, 1) if seconds > 0 else 0.0,
         status=status,
     )
 

@@ -107,13 +107,16 @@ def _frames_and_episodes(ds, meta: dict) -> list[str]:
     if not (done[valid] == (term[valid] | trunc[valid])).all():
         problems.append("next/done differs from next/terminated | next/truncated")
 
-    # per lane, in time order (padding skipped), the id changes exactly after a done frame
+    # per lane, in time order (padding skipped), the id changes exactly after a done
+    # frame, or after the last frame of an episode cut short (a resumed run)
+    ep = {name: ds.array(f"episodes/{name}")[: meta["episodes"]] for name in COLUMNS}
     lane_of, time_of = np.nonzero(valid)
     ids, ends = traj[lane_of, time_of], done[lane_of, time_of]
     same_lane = lane_of[1:] == lane_of[:-1]
     changes = (ids[1:] != ids[:-1]) & same_lane
-    if not np.array_equal(changes, ends[:-1] & same_lane):
-        bad = int(np.argmax(changes != (ends[:-1] & same_lane)))
+    cut = np.isin(ids[:-1], ep["traj_id"][~ep["complete"]]) & changes
+    if not np.array_equal(changes, (ends[:-1] | cut) & same_lane):
+        bad = int(np.argmax(changes != ((ends[:-1] | cut) & same_lane)))
         problems.append(
             f"traj_ids out of order in lane {lane_of[bad]} at step {time_of[bad]}: "
             "an id must change exactly after a done frame"
@@ -126,7 +129,6 @@ def _frames_and_episodes(ds, meta: dict) -> list[str]:
         problems.append("a traj_id appears in more than one lane")
     returns = np.bincount(inverse, weights=reward[lane_of, time_of], minlength=len(unique))
 
-    ep = {name: ds.array(f"episodes/{name}")[: meta["episodes"]] for name in COLUMNS}
     if len(np.unique(ep["traj_id"])) != len(ep["traj_id"]):
         problems.append("episodes/traj_id has duplicates")
     pos = np.searchsorted(unique, ep["traj_id"])

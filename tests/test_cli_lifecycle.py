@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from collect_cli.writers import open_dataset
@@ -99,3 +100,44 @@ def test_disk_full_exits_1_and_keeps_committed_data(tmp_path, backend):
     assert "readable up to the last commit" in lines[0]
     meta = assert_consistent(out)
     assert meta["frames"] > 0 and meta["frames"] % 1000 == 0
+
+
+def test_resume_killed_run_to_complete(cli, tmp_path, backend):
+    out = out_path(tmp_path, backend)
+    args = ["total_frames=40000", "frames_per_batch=400", f"writer={backend}", f"out={out}"]
+    proc = start_run([*args, "progress=none"], tmp_path)
+    wait_for_frames(out, proc, minimum=4000)
+    proc.kill()
+    proc.communicate()
+    before = assert_consistent(out)
+    assert before["status"] == "running" and before["frames"] < 40000
+
+    res = cli("run", *args, "resume=true", "progress=none")
+    assert res.code == 0, res.stderr
+    meta = assert_consistent(out)
+    assert meta["status"] == "complete" and meta["frames"] == res.summary["frames"] == 40000
+    assert len(meta["resumed"]) == 1
+    ds = open_dataset(out)
+    ep = ds.episodes()
+    # each lane's episode cut by the kill is kept, marked incomplete (Pendulum episodes are
+    # 200 steps in lock-step, so none is cut when the kill came right after a boundary)
+    cut = ep["traj_id"][~ep["complete"]]
+    assert len(cut) == (8 if before["steps"] % 200 else 0)
+    assert len(np.unique(ep["traj_id"])) == len(ep["traj_id"]) == meta["episodes"]
+
+    again = cli("run", *args, "resume=true", "progress=none")
+    assert again.code == 0 and again.summary["status"] == "complete"
+    assert again.summary["frames"] == 40000 and again.summary["seconds"] == 0.0
+
+
+def test_resume_refuses_another_env(cli, tmp_path):
+    out = tmp_path / "r.h5"
+    proc = start_run(["total_frames=-1", f"out={out}", "progress=none"], tmp_path)
+    wait_for_frames(out, proc, minimum=2000)
+    proc.terminate()
+    proc.communicate()
+    res = cli("run", "env=CartPole", f"out={out}", "resume=true")
+    assert res.code == 2 and "cannot resume" in res.stderr and "env" in res.stderr
+    assert assert_consistent(out)["status"] == "interrupted"
+    both = cli("run", f"out={out}", "resume=true", "overwrite=true")
+    assert both.code == 2 and "contradict" in both.stderr

@@ -49,3 +49,21 @@ def test_sigkill_at_random_moments_leaves_valid_datasets(tmp_path, backend):
         if ("collector", "mask") in td.keys(True):  # killed after the first batch was written
             assert td["collector", "mask"].shape[0] == meta["lanes"]
             assert int(td["collector", "mask"].sum()) >= meta["frames"]
+        # resume=true continues it to a complete dataset
+        target = meta["frames"] + 2000
+        resumed = start_run(
+            [
+                f"total_frames={target}",
+                "frames_per_batch=200",
+                f"collector={collector}",
+                f"writer={backend}",
+                f"out={out}",
+                "progress=none",
+                "resume=true",
+            ],
+            tmp_path,
+        )
+        _, stderr = resumed.communicate(timeout=120)
+        assert resumed.returncode == 0, stderr
+        final = assert_consistent(out)
+        assert final["status"] == "complete" and final["frames"] >= target

@@ -71,6 +71,7 @@ class _MultiCollector(CollectorBase):
         seed: int = 0,
         start_method: str | None = None,
         worker_threads: int = 1,
+        traj_id_start: int = 0,
     ):
         self._closed = True
         factories = (
@@ -102,6 +103,7 @@ class _MultiCollector(CollectorBase):
                 spec = WorkerSpec(
                     index=index,
                     workers=self.num_workers,
+                    traj_id_start=traj_id_start,
                     env_factory=factory,
                     policy=policy,
                     frames_per_batch=self._worker_frames(),

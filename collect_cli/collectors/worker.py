@@ -39,6 +39,7 @@ class WorkerSpec:
     device: str
     seed: int
     num_threads: int = 1
+    traj_id_start: int = 0  # worker w numbers trajectories start + w, start + w + W, ...
 
 
 def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
@@ -59,7 +60,7 @@ def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
             total_frames=-1,
             device=spec.device,
             seed=spec.seed,
-            traj_id_start=spec.index,
+            traj_id_start=spec.traj_id_start + spec.index,
             traj_id_stride=spec.workers,
             return_same_td=True,
             shared_memory=True,

@@ -118,6 +118,66 @@ class Writer(abc.ABC):
             raise WriteError(f"cannot create {str(self.path)!r}: {exc.strerror or exc}") from exc
         return self
 
+    def reopen(self) -> Writer:
+        """Continue the dataset at ``path`` after its last commit.
+
+        Frames written after that commit are dropped (mask False, traj_id -1),
+        episodes a crash left running get their row (``complete`` False), and
+        :meth:`append` continues each lane where it stopped.
+        ``next_traj_id`` is the first id the continuation may use.
+        """
+        try:
+            disk = self._reopen()
+            self.meta = {**disk, "status": "running", "end_time": None}
+            self.meta["resumed"] = [*disk.get("resumed", []), now()]
+            self.lanes = int(disk["lanes"])
+            self.frames, self.episodes = int(disk["frames"]), int(disk["episodes"])
+            self.cursor = np.asarray(disk.get("lane_steps") or [disk["steps"]] * self.lanes)
+            self.steps = int(self.cursor.max()) if len(self.cursor) else 0
+            self.tracker = EpisodeTracker(self.lanes)
+            self.tracker.start[:] = self.cursor
+            self._drop_uncommitted()
+            known = self._read("episodes/traj_id")[: self.episodes]
+            self.next_traj_id = int(known.max()) + 1 if len(known) else 0
+            if self._created:
+                traj = self._read("collector/traj_ids")
+                self.next_traj_id = max(self.next_traj_id, int(traj.max()) + 1)
+                if disk["status"] == "running":  # killed: its running episodes have no row
+                    rows = self._tail_rows(set(known.tolist()))
+                    self._write_episodes(rows, self.episodes)
+                    self.episodes += len(rows["traj_id"])
+            self.commit()
+        except OSError as exc:
+            raise self._os_error(exc) from exc
+        return self
+
+    def _tail_rows(self, known: set[int]) -> Rows:
+        """Rows for each lane's last trajectory when it has none (cut by a crash)."""
+        traj, mask = self._read("collector/traj_ids"), self._read("collector/mask")
+        reward = self._read("next/reward").reshape(traj.shape)
+        rows = []
+        for lane in range(self.lanes):
+            valid = np.flatnonzero(mask[lane, : self.cursor[lane]])
+            if not len(valid) or int(traj[lane, valid[-1]]) in known:
+                continue
+            last = traj[lane, valid[-1]]
+            frames = valid[traj[lane, valid] == last]
+            rows.append(
+                (last, lane, frames[0], len(frames), reward[lane, frames].sum(dtype=np.float64))
+            )
+        columns = list(zip(*rows, strict=True)) if rows else [[]] * 5
+        n = len(rows)
+        return {
+            "traj_id": np.asarray(columns[0], np.int64),
+            "lane": np.asarray(columns[1], np.int64),
+            "start": np.asarray(columns[2], np.int64),
+            "length": np.asarray(columns[3], np.int64),
+            "return": np.asarray(columns[4], np.float64),
+            "terminated": np.zeros(n, bool),
+            "truncated": np.zeros(n, bool),
+            "complete": np.zeros(n, bool),
+        }
+
     def append(self, batch: TensorDictBase, lane_start: int = 0) -> Rows:
         """Append a ``[lanes, time]`` batch to lanes ``lane_start...`` after their last frame.
 
@@ -191,6 +251,19 @@ class Writer(abc.ABC):
     @abc.abstractmethod
     def _open(self) -> None:
         """Create the (empty) dataset with ``self.meta``."""
+
+    @abc.abstractmethod
+    def _reopen(self) -> dict[str, Any]:
+        """Open the existing dataset for appending; return its metadata.
+        Sets ``_created`` when frame storage exists."""
+
+    @abc.abstractmethod
+    def _drop_uncommitted(self) -> None:
+        """Mark frames past each lane's cursor as padding; cut episodes to the count."""
+
+    @abc.abstractmethod
+    def _read(self, key: str) -> np.ndarray:
+        """One stored array (``key`` joined by ``/``), as on disk."""
 
     @abc.abstractmethod
     def _create(self, items: list[tuple[tuple[str, ...], np.ndarray]], lanes: int) -> None:

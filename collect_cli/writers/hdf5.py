@@ -18,7 +18,7 @@ import numpy as np
 from collect_cli.writers.base import Writer
 from collect_cli.writers.episodes import COLUMNS, Rows
 
-JSON_ATTRS = ("observation_space", "action_space", "versions", "shards", "lane_steps")
+JSON_ATTRS = ("observation_space", "action_space", "versions", "shards", "lane_steps", "resumed")
 FILL = {("collector", "traj_ids"): -1}  # frames not written yet are padding
 RESERVE_MARGIN = 1 << 20  # room for HDF5 metadata and for closing after a failed reservation
 
@@ -80,6 +80,37 @@ class Hdf5Writer(Writer):
                 f"episodes/{name}", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(4096,)
             )
         self._file.flush()
+
+    def _reopen(self) -> dict[str, Any]:
+        self._file = h5py.File(self.path, "r+", locking=False)
+        self._fd = os.open(self.path, os.O_RDWR)
+        self._reserved = os.fstat(self._fd).st_size
+
+        def collect(name: str, obj: Any) -> None:
+            if isinstance(obj, h5py.Dataset):
+                if name.startswith("episodes/"):
+                    self._episodes[name.split("/", 1)[1]] = obj
+                else:
+                    self._frames[tuple(name.split("/"))] = obj
+
+        self._file.visititems(collect)
+        self._created = bool(self._frames)
+        return decode_attrs(self._file.attrs)
+
+    def _drop_uncommitted(self) -> None:
+        for ds in self._episodes.values():
+            ds.resize(self.episodes, axis=0)
+        if not self._created:
+            return
+        for ds in self._frames.values():
+            ds.resize(self.steps, axis=1)
+        mask, traj = self._frames[("collector", "mask")], self._frames[("collector", "traj_ids")]
+        for lane in np.flatnonzero(self.cursor < self.steps):
+            mask[lane, self.cursor[lane] :] = False
+            traj[lane, self.cursor[lane] :] = -1
+
+    def _read(self, key: str) -> np.ndarray:
+        return self._file[key][()]
 
     def _create(self, items, lanes: int) -> None:
         for key, array in items:

@@ -35,6 +35,11 @@ def torch_dtype_name(dtype: np.dtype) -> str:
     return str(torch.from_numpy(np.empty(0, dtype=dtype)).dtype)
 
 
+def _numpy_dtype(name: str) -> np.dtype:
+    """``"torch.float32"`` -> ``float32`` (the dtype names tensordict writes)."""
+    return torch.empty(0, dtype=getattr(torch, name.split(".")[-1])).numpy().dtype
+
+
 def write_json(path: Path, data: dict[str, Any], sync: bool = False) -> None:
     """Atomically replace ``path`` with ``data`` (write, optionally fsync, rename)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -108,6 +113,44 @@ class MemmapWriter(Writer):
             self._episode_files[name] = open(file, "wb")  # noqa: SIM115
         self._write_td_meta()
         write_json(self.path / META_FILE, self.meta)
+
+    def _reopen(self) -> dict[str, Any]:
+        meta = read_meta(self.path)
+        for meta_file in self.path.rglob("meta.json"):
+            folder = meta_file.parent.relative_to(self.path).parts
+            if folder[:1] == ("episodes",):
+                continue
+            for name, entry in json.loads(meta_file.read_text()).items():
+                if isinstance(entry, dict) and "dtype" in entry:
+                    key = (*folder, name)
+                    dtype = _numpy_dtype(entry["dtype"])
+                    shape = tuple(entry["shape"])
+                    self._specs[key] = (shape[2:], dtype)
+                    self.capacity = shape[1]
+                    self._maps[key] = np.memmap(
+                        self._file(key), dtype=dtype, mode="r+", shape=shape
+                    )
+        self.lanes = int(meta["lanes"])
+        self._created = bool(self._specs)
+        return meta
+
+    def _drop_uncommitted(self) -> None:
+        for name, dtype in COLUMNS.items():
+            file = self.path / "episodes" / f"{name}.memmap"
+            os.truncate(file, self.episodes * np.dtype(dtype).itemsize)
+            self._episode_files[name] = open(file, "ab")  # noqa: SIM115 (closed in _close)
+        if not self._created:
+            return
+        mask, traj = self._maps[("collector", "mask")], self._maps[("collector", "traj_ids")]
+        for lane in range(self.lanes):
+            mask[lane, self.cursor[lane] :] = False
+            traj[lane, self.cursor[lane] :] = -1
+
+    def _read(self, key: str) -> np.ndarray:
+        if key.startswith("episodes/"):
+            dtype = COLUMNS[key.split("/", 1)[1]]
+            return np.fromfile(self.path / f"{key}.memmap", dtype=dtype)
+        return np.asarray(self._maps[tuple(key.split("/"))])
 
     def _create(self, items, lanes: int) -> None:
         for key, array in items:
