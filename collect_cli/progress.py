@@ -65,18 +65,15 @@ class RichProgress:
             MofNCompleteColumn,
             Progress,
             TextColumn,
-            TimeElapsedColumn,
             TimeRemainingColumn,
         )
 
-        self._progress = Progress(
-            TextColumn("[bold]collect"),
-            BarColumn(),
+        self._progress = Progress(  # fits 80 columns
+            BarColumn(bar_width=16),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[fps]} frames/s"),
-            TextColumn("episodes {task.fields[episodes]}"),
-            TextColumn("return {task.fields[ret]}"),
-            TimeElapsedColumn(),
+            TextColumn("{task.fields[fps]} f/s"),
+            TextColumn("ep {task.fields[episodes]}"),
+            TextColumn("ret {task.fields[ret]}"),
             TimeRemainingColumn(),
             console=Console(stderr=True),
             transient=False,
