@@ -167,6 +167,11 @@ def planned_steps(collector, total_frames: int) -> int | None:
     return batches * collector.steps_per_batch
 
 
+def _writer_options(settings: Settings) -> dict[str, Any]:
+    """The backend's own options (``compression``, ``chunk_frames``...)."""
+    return {k: v for k, v in vars(settings.writer).items() if k != "name"}
+
+
 def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
     """Collect ``settings.total_frames`` frames into the dataset at ``settings.out``."""
     from collect_cli.writers import check_output, make_writer
@@ -194,7 +199,6 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
             "total_frames": settings.total_frames,
             "config": settings.config_yaml,
         }
-        writer_kwargs = {k: v for k, v in vars(settings.writer).items() if k != "name"}
         writer = make_writer(
             settings.writer.name,
             settings.out,
@@ -202,7 +206,7 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
             overwrite=settings.overwrite,
             planned_steps=planned_steps(collector, settings.total_frames),
             lanes=collector.lanes,
-            **writer_kwargs,
+            **_writer_options(settings),
         ).open()
         return _drive(collector, writer, settings, progress)
     finally:
@@ -226,11 +230,10 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
             f"cannot resume {str(settings.out)!r}: it is a {meta.get('backend')} dataset, "
             f"not writer={settings.writer.name}"
         )
-    remaining = -1 if settings.total_frames < 0 else settings.total_frames - done
-    if remaining == 0 or (settings.total_frames > 0 and remaining < 0):
-        remaining = 0
-    writer_kwargs = {k: v for k, v in vars(settings.writer).items() if k != "name"}
-    writer = make_writer(settings.writer.name, settings.out, metadata={}, **writer_kwargs)
+    remaining = -1 if settings.total_frames < 0 else max(0, settings.total_frames - done)
+    writer = make_writer(
+        settings.writer.name, settings.out, metadata={}, **_writer_options(settings)
+    )
     writer.reopen()
     try:
         collector = build_collector(
