@@ -51,14 +51,20 @@ def _root(
 _RUN_HELP = """Collect a dataset. Arguments are Hydra overrides (key=value).
 
 \b
-Groups:   env=Pendulum|CartPole|MountainCar|MountainCarContinuous|Acrobot|gym
-          policy=random|mlp   collector=sync   writer=hdf5|memmap   postproc=none
-Keys:     total_frames frames_per_batch device storing_device seed out overwrite
-          progress=auto|rich|plain|none debug env.id env.num_envs env.kwargs
-          policy.hidden policy.activation policy.checkpoint
-          writer.compression=none|gzip|lzf writer.chunk_frames
+Groups: env=Pendulum|CartPole|MountainCar|MountainCarContinuous|Acrobot|gym
+        policy=random|mlp|torchscript|python  writer=hdf5|memmap
+        collector=sync|multisync|multiasync|async  postproc=none|multistep
+Keys:   total_frames frames_per_batch device storing_device seed out
+        overwrite resume max_frames_per_traj init_random_frames
+        reset_at_each_iter reset_when_done split_trajs
+        exploration_type=random|mode|mean progress=auto|rich|plain|none
+        debug env.id env.num_envs env.kwargs env.info_keys policy.hidden
+        policy.activation policy.checkpoint policy.path policy.target
+        policy.noise=none|gaussian|epsilon policy.noise_scale
+        policy.epsilon postproc.n postproc.gamma
+        writer.compression=none|gzip|lzf writer.chunk_frames
 \b
-Example:  rlcollect run env=CartPole total_frames=1e5 writer=memmap out=data/cartpole
+Example: rlcollect run env=CartPole total_frames=1e5 writer=memmap out=data/cp
 The last stdout line is a JSON summary. Exit codes: 0 done, 1 runtime failure,
 2 bad usage or config, 130 interrupted (dataset flushed).
 """

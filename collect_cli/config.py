@@ -19,6 +19,8 @@ from omegaconf.errors import OmegaConfBaseException
 from collect_cli.errors import ConfigError
 
 ENV_BACKENDS = ("gymnasium",)
+EXPLORATION_TYPES = ("random", "mode", "mean")
+NOISES = ("none", "gaussian", "epsilon")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu", "identity")
 COMPRESSIONS = ("none", "gzip", "lzf")
 PROGRESS_MODES = ("auto", "rich", "plain", "none")
@@ -31,15 +33,25 @@ class EnvConfig:
     num_envs: int = 8
     backend: str = "gymnasium"
     kwargs: dict[str, Any] = field(default_factory=dict)
+    info_keys: list[str] = field(default_factory=list)
 
 
 @dataclass
-class RandomPolicyConfig:
+class ExplorationConfig:
+    """Exploration noise, applied when ``exploration_type=random`` (every policy)."""
+
+    noise: str = "none"  # none | gaussian (Box actions) | epsilon (discrete actions)
+    noise_scale: float = 0.1  # std of the Gaussian noise, in action units
+    epsilon: float = 0.1  # probability of a uniformly random discrete action
+
+
+@dataclass
+class RandomPolicyConfig(ExplorationConfig):
     name: str = "random"
 
 
 @dataclass
-class MlpPolicyConfig:
+class MlpPolicyConfig(ExplorationConfig):
     name: str = "mlp"
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"
@@ -47,13 +59,13 @@ class MlpPolicyConfig:
 
 
 @dataclass
-class TorchScriptPolicyConfig:
+class TorchScriptPolicyConfig(ExplorationConfig):
     name: str = "torchscript"
     path: str = MISSING
 
 
 @dataclass
-class PythonPolicyConfig:
+class PythonPolicyConfig(ExplorationConfig):
     name: str = "python"
     target: str = MISSING
 
@@ -113,6 +125,13 @@ class NoPostprocConfig:
 
 
 @dataclass
+class MultiStepPostprocConfig:
+    name: str = "multistep"
+    n: int = 3
+    gamma: float = 0.99
+
+
+@dataclass
 class RunConfig:
     env: EnvConfig = MISSING
     policy: Any = MISSING
@@ -127,6 +146,12 @@ class RunConfig:
     out: str | None = None
     overwrite: bool = False
     resume: bool = False
+    max_frames_per_traj: int = -1
+    init_random_frames: Any = 0
+    reset_at_each_iter: bool = False
+    reset_when_done: bool = True
+    split_trajs: bool = False
+    exploration_type: str = "random"
     progress: str = "auto"
     debug: bool = False
 
@@ -138,7 +163,7 @@ POLICY_SCHEMAS = {
     "python": PythonPolicyConfig,
 }
 WRITER_SCHEMAS = {"hdf5": Hdf5WriterConfig, "memmap": MemmapWriterConfig}
-POSTPROC_SCHEMAS = {"none": NoPostprocConfig}
+POSTPROC_SCHEMAS = {"none": NoPostprocConfig, "multistep": MultiStepPostprocConfig}
 COLLECTOR_SCHEMAS = {
     "sync": SyncCollectorConfig,
     "multisync": MultiSyncCollectorConfig,
@@ -156,7 +181,7 @@ class Settings:
     policy: PolicyConfig
     collector: CollectorConfig
     writer: Hdf5WriterConfig | MemmapWriterConfig
-    postproc: NoPostprocConfig
+    postproc: NoPostprocConfig | MultiStepPostprocConfig
     total_frames: int
     frames_per_batch: int
     device: str
@@ -167,6 +192,12 @@ class Settings:
     resume: bool
     progress: str
     debug: bool
+    max_frames_per_traj: int = -1
+    init_random_frames: int = 0
+    reset_at_each_iter: bool = False
+    reset_when_done: bool = True
+    split_trajs: bool = False
+    exploration_type: str = "random"
     config_yaml: str = ""
 
 
@@ -277,6 +308,37 @@ def load(cfg: DictConfig) -> Settings:
         if writer.chunk_frames < 1:
             raise ConfigError(f"writer.chunk_frames must be positive, got {writer.chunk_frames}")
 
+    _choice("policy.noise", policy.noise, NOISES)
+    if policy.noise_scale < 0:
+        raise ConfigError(f"policy.noise_scale must be >= 0, got {policy.noise_scale}")
+    if not 0.0 <= policy.epsilon <= 1.0:
+        raise ConfigError(f"policy.epsilon must be in [0, 1], got {policy.epsilon}")
+    if isinstance(postproc, MultiStepPostprocConfig):
+        if postproc.n < 1:
+            raise ConfigError(f"postproc.n must be at least 1, got {postproc.n}")
+        if not 0.0 <= postproc.gamma <= 1.0:
+            raise ConfigError(f"postproc.gamma must be in [0, 1], got {postproc.gamma}")
+        if threshold < 1.0:
+            raise ConfigError(
+                "postproc=multistep needs whole batches: drop collector.preemptive_threshold"
+            )
+    _choice("exploration_type", cfg.exploration_type, EXPLORATION_TYPES)
+    max_traj = int(cfg.max_frames_per_traj)
+    if max_traj == 0 or max_traj < -1:
+        raise ConfigError(
+            f"max_frames_per_traj must be a positive integer or -1 (no limit), got {max_traj}"
+        )
+    init_random = 0 if cfg.init_random_frames in (0, -1) else cfg.init_random_frames
+    init_random = _as_int("init_random_frames", init_random) if init_random else 0
+    if cfg.split_trajs and not cfg.reset_when_done:
+        raise ConfigError(
+            "split_trajs=true needs reset_when_done=true: without resets a lane is one "
+            "endless trajectory"
+        )
+    if max_traj > 0 and not cfg.reset_when_done:
+        raise ConfigError(
+            "max_frames_per_traj needs reset_when_done=true: a truncated episode must be reset"
+        )
     if cfg.resume and cfg.overwrite:
         raise ConfigError("resume=true and overwrite=true contradict each other: pick one")
     out = cfg.out
@@ -297,6 +359,12 @@ def load(cfg: DictConfig) -> Settings:
         resume=bool(cfg.resume),
         progress=cfg.progress,
         debug=bool(cfg.debug),
+        max_frames_per_traj=max_traj,
+        init_random_frames=init_random,
+        reset_at_each_iter=bool(cfg.reset_at_each_iter),
+        reset_when_done=bool(cfg.reset_when_done),
+        split_trajs=bool(cfg.split_trajs),
+        exploration_type=cfg.exploration_type,
         config_yaml=OmegaConf.to_yaml(cfg),
     )
 

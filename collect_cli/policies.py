@@ -300,7 +300,31 @@ def build_policy(
     device: torch.device,
     seed: int,
 ) -> nn.Module:
-    """Build the configured policy on ``device``, reproducibly from ``seed``."""
+    """Build the configured policy on ``device``, reproducibly from ``seed``,
+    wrapped in its exploration noise (``policy.noise``) when one is set."""
+    policy = _base_policy(cfg, obs_space, action_space, device, seed)
+    if cfg.noise == "none":
+        return policy
+    from collect_cli.exploration import ExplorationNoise
+
+    return ExplorationNoise(
+        policy,
+        action_space,
+        cfg.noise,
+        noise_scale=cfg.noise_scale,
+        epsilon=cfg.epsilon,
+        seed=seed + 1,
+        device=device,
+    )
+
+
+def _base_policy(
+    cfg: PolicyConfig,
+    obs_space: spaces.Space,
+    action_space: spaces.Space,
+    device: torch.device,
+    seed: int,
+) -> nn.Module:
     if isinstance(cfg, RandomPolicyConfig):
         return RandomPolicy(action_space, device, seed)
     if isinstance(cfg, TorchScriptPolicyConfig):

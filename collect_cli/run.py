@@ -118,6 +118,7 @@ def build_collector(
     total_frames: int | None = None,
     seed: int | None = None,
     traj_id_start: int = 0,
+    init_random_frames: int | None = None,
 ):
     """The configured collector over the configured env and policy (not yet iterated)."""
     from collect_cli import collectors
@@ -126,7 +127,9 @@ def build_collector(
     from collect_cli.policies import PolicyFactory
 
     env_cfg, coll = settings.env, settings.collector
-    make_env = env_factory(env_cfg.id, env_cfg.num_envs, env_cfg.backend, env_cfg.kwargs)
+    make_env = env_factory(
+        env_cfg.id, env_cfg.num_envs, env_cfg.backend, env_cfg.kwargs, env_cfg.info_keys
+    )
     policy = PolicyFactory(settings.policy, str(device), derive_seeds(settings.seed, 1, 2)[0])
     common = {
         "frames_per_batch": settings.frames_per_batch,
@@ -135,6 +138,13 @@ def build_collector(
         "storing_device": storing_device,
         "seed": settings.seed if seed is None else seed,
         "traj_id_start": traj_id_start,
+        "max_frames_per_traj": settings.max_frames_per_traj,
+        "init_random_frames": settings.init_random_frames
+        if init_random_frames is None
+        else init_random_frames,
+        "reset_at_each_iter": settings.reset_at_each_iter,
+        "reset_when_done": settings.reset_when_done,
+        "exploration_type": settings.exploration_type,
     }
     if coll.name == "sync":
         return collectors.SyncCollector(make_env, policy, **common)
@@ -155,16 +165,32 @@ def build_collector(
     return collectors.AsyncCollector(make_env, policy, start_method=start_method, **common)
 
 
-def planned_steps(collector, total_frames: int) -> int | None:
+def planned_steps(collector, total_frames: int, split_trajs: bool = False) -> int | None:
     """Time steps per lane a finite run will write (preallocation hint for writers)."""
     from collect_cli.collectors import MultiAsyncCollector
 
+    if split_trajs:  # rows are episodes: their length is the env's limit at most
+        return getattr(collector, "max_episode_steps", None)
     if total_frames <= 0:
         return None
     batches = math.ceil(total_frames / collector.frames_per_batch)
     if isinstance(collector, MultiAsyncCollector):  # each batch covers one worker's lanes
         batches = math.ceil(batches / collector.num_workers)
     return batches * collector.steps_per_batch
+
+
+def _stream_options(settings: Settings) -> dict[str, Any]:
+    """What shapes the recorded stream (metadata; a resume must use the same)."""
+    return {
+        "split_trajs": settings.split_trajs,
+        "postproc": asdict(settings.postproc),
+        "reset_when_done": settings.reset_when_done,
+        "reset_at_each_iter": settings.reset_at_each_iter,
+        "max_frames_per_traj": settings.max_frames_per_traj,
+        "init_random_frames": settings.init_random_frames,
+        "exploration_type": settings.exploration_type,
+        "info_keys": list(settings.env.info_keys),
+    }
 
 
 def _writer_options(settings: Settings) -> dict[str, Any]:
@@ -197,6 +223,8 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
             "seed": settings.seed,
             "frames_per_batch": collector.frames_per_batch,
             "total_frames": settings.total_frames,
+            "env_lanes": collector.lanes,
+            **_stream_options(settings),
             "config": settings.config_yaml,
         }
         writer = make_writer(
@@ -204,8 +232,8 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
             settings.out,
             metadata=metadata,
             overwrite=settings.overwrite,
-            planned_steps=planned_steps(collector, settings.total_frames),
-            lanes=collector.lanes,
+            planned_steps=planned_steps(collector, settings.total_frames, settings.split_trajs),
+            lanes=None if settings.split_trajs else collector.lanes,
             **_writer_options(settings),
         ).open()
         return _drive(collector, writer, settings, progress)
@@ -243,6 +271,7 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
             total_frames=remaining,
             seed=derive_seeds(settings.seed, 1, 7, done)[0],  # new episodes, not a replay
             traj_id_start=writer.next_traj_id,
+            init_random_frames=max(0, settings.init_random_frames - done),
         )
     except BaseException:
         _close_quietly(writer, "interrupted")
@@ -252,13 +281,18 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
             what
             for what, ours, theirs in (
                 ("env", collector.env_id, meta.get("env_id")),
-                ("lanes", collector.lanes, meta.get("lanes")),
+                ("lanes", collector.lanes, meta.get("env_lanes", meta.get("lanes"))),
                 (
                     "observation space",
                     specs.describe(collector.observation_space),
                     meta.get("observation_space"),
                 ),
                 ("action space", specs.describe(collector.action_space), meta.get("action_space")),
+                *(
+                    (key, value, meta.get(key, value))
+                    for key, value in _stream_options(settings).items()
+                    if key in ("split_trajs", "postproc", "reset_when_done", "info_keys")
+                ),
             )
             if ours != theirs
         ]
@@ -266,7 +300,8 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
             _close_quietly(writer, "interrupted")
             raise ConfigError(
                 f"cannot resume {str(settings.out)!r}: its {', '.join(mismatch)} differ from this "
-                "config (use the same env, env.num_envs and collector.workers)"
+                "config (use the same env, env.num_envs, collector.workers, split_trajs, "
+                "postproc, reset_when_done and env.info_keys)"
             )
         if remaining == 0:
             writer.close("complete")
@@ -278,12 +313,61 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
         collector.shutdown()
 
 
+class Stream:
+    """collector batches -> (multistep) -> (episode rows) -> writer, one way.
+
+    ``postproc=multistep`` holds back each lane's last n-1 frames until the next
+    batch decides their n-step targets; ``split_trajs`` holds each lane's running
+    episode until it ends. :meth:`flush` writes what is held at a clean stop.
+    """
+
+    def __init__(self, settings: Settings, writer):
+        post = settings.postproc
+        self.writer = writer
+        self.multistep = self.splitter = None
+        if post.name == "multistep":
+            from collect_cli.collectors.postproc import MultiStep
+
+            self.multistep = MultiStep(post.n, post.gamma)
+        if settings.split_trajs:
+            from collect_cli.collectors.postproc import TrajectorySplitter
+
+            self.splitter = TrajectorySplitter()
+
+    def push(self, lane_start: int, batch) -> list:
+        if self.multistep is not None:
+            batch = self.multistep(batch, lane_start)
+            if batch is None:
+                return []
+        return self._write(lane_start, batch)
+
+    def _write(self, lane_start: int, batch) -> list:
+        if self.splitter is not None:
+            batch = self.splitter(batch, lane_start)
+            if batch is None:
+                return []
+            lane_start = self.writer.lanes or 0
+        return self.writer.append(batch, lane_start)["return"].tolist()
+
+    def flush(self) -> list:
+        returns = []
+        if self.multistep is not None:
+            for lane_start, batch in self.multistep.flush():
+                returns += self._write(lane_start, batch)
+        if self.splitter is not None:
+            rows = self.splitter.flush()
+            if rows is not None:
+                returns += self.writer.append(rows, self.writer.lanes or 0)["return"].tolist()
+        return returns
+
+
 def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -> RunResult:
     flag = StopFlag()
     recent: deque[float] = deque(maxlen=100)
     start = time.perf_counter()
     frames_before = writer.frames  # a resumed dataset already holds these
     status = "complete"
+    stream = Stream(settings, writer)
 
     def report() -> None:
         if progress is not None:
@@ -302,14 +386,14 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
         with trap_signals(flag):
             report()
             for lane_start, batch in collector.iter_with_lanes():
-                rows = writer.append(batch, lane_start)
+                recent.extend(stream.push(lane_start, batch))
                 writer.commit()
-                recent.extend(rows["return"].tolist())
                 report()
                 if flag.raised:
                     log.warning("%s received: dataset flushed, stopping", flag.signal_name)
                     status = "interrupted"
                     break
+            recent.extend(stream.flush())
     except BaseException:
         _close_quietly(writer, "interrupted")
         raise

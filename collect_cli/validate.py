@@ -69,7 +69,8 @@ def _schema(arrays: dict, meta: dict) -> list[str]:
             continue
         for name in matches:
             shape, dtype = arrays[name]
-            if len(shape) < 2 or shape[0] != lanes or shape[1] < steps:
+            # rows past `lanes` (memmap, split_trajs) are allocated ahead and not yet committed
+            if len(shape) < 2 or shape[0] < lanes or shape[1] < steps:
                 problems.append(f"{name!r} has shape {shape}, expected [{lanes}, >={steps}, ...]")
             wrong = "float" not in dtype if kind == "float" else kind not in (None, dtype)
             if wrong:
@@ -89,12 +90,22 @@ def _frames_and_episodes(ds, meta: dict) -> list[str]:
     problems = []
     lanes, steps = meta["lanes"], meta["steps"]
     lane_steps = np.asarray(meta.get("lane_steps") or [steps] * lanes)
-    mask = ds.array("collector/mask")[:, :steps]
-    traj = ds.array("collector/traj_ids")[:, :steps]
-    done = ds.array("next/done")[:, :steps].reshape(lanes, -1)
-    term = ds.array("next/terminated")[:, :steps].reshape(lanes, -1)
-    trunc = ds.array("next/truncated")[:, :steps].reshape(lanes, -1)
-    reward = ds.array("next/reward")[:, :steps].reshape(lanes, -1).astype(np.float64)
+
+    def frames(key: str) -> np.ndarray:
+        return ds.array(key)[:lanes, :steps].reshape(lanes, -1)
+
+    mask = frames("collector/mask")
+    traj = frames("collector/traj_ids")
+    done = frames("next/done")
+    term = frames("next/terminated")
+    trunc = frames("next/truncated")
+    keys = {key for key, _, _ in ds.describe()}
+    # after postproc=multistep, next/* look ahead: a frame's own step is "original"
+    own_reward = "next/original_reward" if "next/original_reward" in keys else "next/reward"
+    reward = frames(own_reward).astype(np.float64)
+    own_done = done & (frames("steps_to_next_obs") == 1) if "steps_to_next_obs" in keys else done
+    if not meta.get("reset_when_done", True):
+        own_done = np.zeros_like(own_done)  # a trajectory spans episodes: no id change
     committed = np.arange(steps)[None, :] < lane_steps[:, None]
     valid = mask & committed
     if int(valid.sum()) != meta["frames"]:
@@ -111,7 +122,7 @@ def _frames_and_episodes(ds, meta: dict) -> list[str]:
     # frame, or after the last frame of an episode cut short (a resumed run)
     ep = {name: ds.array(f"episodes/{name}")[: meta["episodes"]] for name in COLUMNS}
     lane_of, time_of = np.nonzero(valid)
-    ids, ends = traj[lane_of, time_of], done[lane_of, time_of]
+    ids, ends = traj[lane_of, time_of], own_done[lane_of, time_of]
     same_lane = lane_of[1:] == lane_of[:-1]
     changes = (ids[1:] != ids[:-1]) & same_lane
     cut = np.isin(ids[:-1], ep["traj_id"][~ep["complete"]]) & changes

@@ -235,6 +235,21 @@ def test_default_out_under_data(cli, tmp_path):
         (("policy=python",), "policy=python needs policy.target"),
         (("policy=torchscript", "policy.path=missing.pt"), "does not exist"),
         (("policy=torchscript", "policy.path=corrupt.pt"), "is not a TorchScript file"),
+        (("postproc=multistep", "postproc.n=0"), "postproc.n must be at least 1"),
+        (
+            ("postproc=multistep", "collector=multisync", "collector.preemptive_threshold=0.5"),
+            "postproc=multistep needs whole batches",
+        ),
+        (("split_trajs=true", "reset_when_done=false"), "split_trajs=true needs reset_when_done"),
+        (("max_frames_per_traj=0",), "max_frames_per_traj must be a positive integer or -1"),
+        (("max_frames_per_traj=50",), "conflicts with the time limit of Pendulum-v1 (200 steps)"),
+        (
+            ("collector=multisync", "max_frames_per_traj=50"),
+            "conflicts with the time limit of Pendulum-v1",
+        ),
+        (("exploration_type=greedy",), "exploration_type='greedy' is not valid"),
+        (("policy.noise=ou",), "policy.noise='ou' is not valid: choose from none, gaussian"),
+        (("policy.noise=epsilon",), "policy.noise=epsilon needs discrete actions"),
     ],
 )
 def test_usage_errors_exit_2_one_line(cli, tmp_path, args, message):

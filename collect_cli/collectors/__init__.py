@@ -15,13 +15,17 @@ from collect_cli.collectors.multiprocess import (
     MultiAsyncCollector,
     MultiSyncCollector,
 )
+from collect_cli.collectors.postproc import MultiStep, TrajectorySplitter, split_trajectories
 from collect_cli.collectors.sync import SyncCollector
 
 __all__ = [
     "AsyncCollector",
     "CollectorBase",
     "MultiAsyncCollector",
+    "MultiStep",
     "MultiSyncCollector",
     "SyncCollector",
+    "TrajectorySplitter",
     "derive_seeds",
+    "split_trajectories",
 ]

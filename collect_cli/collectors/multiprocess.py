@@ -29,7 +29,7 @@ from collect_cli import errors, specs
 from collect_cli.collectors.base import CollectorBase, derive_seeds
 from collect_cli.collectors.worker import WorkerSpec, worker_main
 from collect_cli.envs import EnvFactory
-from collect_cli.errors import CollectionError
+from collect_cli.errors import CollectionError, ConfigError
 
 JOIN_TIMEOUT_S = 5.0
 
@@ -72,8 +72,19 @@ class _MultiCollector(CollectorBase):
         start_method: str | None = None,
         worker_threads: int = 1,
         traj_id_start: int = 0,
+        max_frames_per_traj: int = -1,
+        init_random_frames: int = 0,
+        reset_at_each_iter: bool = False,
+        reset_when_done: bool = True,
+        exploration_type: str = "random",
+        split_trajs: bool = False,
     ):
+        """Rollout options as in :class:`SyncCollector`; ``init_random_frames``
+        counts over all workers (each takes its share)."""
+        if split_trajs and not reset_when_done:
+            raise ConfigError("split_trajs=True needs reset_when_done=True")
         self._closed = True
+        self.split_trajs = split_trajs
         factories = (
             list(create_env_fn)
             if isinstance(create_env_fn, Sequence)
@@ -98,6 +109,13 @@ class _MultiCollector(CollectorBase):
         self._arrived: set[int] = set()  # batches received but not consumed
         self._closed = False
         worker_seeds = derive_seeds(seed, self.num_workers, 3)
+        options = {
+            "max_frames_per_traj": max_frames_per_traj,
+            "init_random_frames": math.ceil(max(0, init_random_frames) / self.num_workers),
+            "reset_at_each_iter": reset_at_each_iter,
+            "reset_when_done": reset_when_done,
+            "exploration_type": exploration_type,
+        }
         try:
             for index, factory in enumerate(factories):
                 spec = WorkerSpec(
@@ -110,6 +128,7 @@ class _MultiCollector(CollectorBase):
                     device=str(self.device),
                     seed=worker_seeds[index],
                     num_threads=worker_threads,
+                    options=options,
                 )
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(

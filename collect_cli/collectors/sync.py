@@ -4,6 +4,14 @@ Frame accounting (as in TorchRL): each batch holds ``lanes * ceil(frames_per_bat
 / lanes)`` frames, and batches are yielded until at least ``total_frames`` frames
 have been produced (``-1``: forever). ``collector/traj_ids`` gets a fresh id
 at every reset; ids are ``traj_id_start + k * traj_id_stride`` for k = 0, 1, ...
+
+Rollout options, as in TorchRL: ``max_frames_per_traj`` truncates episodes
+(``truncated`` True, ``step_count`` recorded); ``init_random_frames`` takes
+uniformly random actions for the first frames (whole steps of all lanes);
+``reset_at_each_iter`` resets every env when a batch starts; with
+``reset_when_done=False`` an episode end does not start a new trajectory id (the
+env itself still restarts: gymnasium cannot step a finished env);
+``exploration_type`` is the interaction type the policy runs under.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from torch import nn
 
 from collect_cli.collectors.base import CollectorBase, derive_seeds
 from collect_cli.envs import VecEnv
-from collect_cli.errors import CollectionError, PolicyError, RlcollectError
+from collect_cli.errors import CollectionError, ConfigError, PolicyError, RlcollectError
+from collect_cli.exploration import interaction
 from collect_cli.policies import PolicyFactory, RandomPolicy, torch_dtype
 
 FLAG_KEYS = ("done", "terminated", "truncated")
@@ -43,10 +52,31 @@ class SyncCollector(CollectorBase):
         traj_id_stride: int = 1,
         return_same_td: bool = False,
         shared_memory: bool = False,
+        max_frames_per_traj: int = -1,
+        init_random_frames: int = 0,
+        reset_at_each_iter: bool = False,
+        reset_when_done: bool = True,
+        exploration_type: str = "random",
+        split_trajs: bool = False,
     ):
+        if split_trajs and not reset_when_done:
+            raise ConfigError("split_trajs=True needs reset_when_done=True")
         self._closed = True
         self.env = create_env_fn()
         self._closed = False
+        self.max_frames_per_traj = int(max_frames_per_traj)
+        limit = self.env.max_episode_steps
+        if self.max_frames_per_traj > 0 and limit is not None:
+            raise ConfigError(
+                f"max_frames_per_traj={self.max_frames_per_traj} conflicts with the time limit "
+                f"of {self.env.env_id} ({limit} steps): set +env.kwargs.max_episode_steps="
+                f"{self.max_frames_per_traj} instead, or max_frames_per_traj=-1"
+            )
+        self.init_random_frames = max(0, int(init_random_frames))
+        self.reset_at_each_iter = reset_at_each_iter
+        self.reset_when_done = reset_when_done
+        self.exploration_type = exploration_type
+        self.split_trajs = split_trajs
         self.num_envs = self.lanes = self.env.num_envs
         self.device = torch.device(device)
         self.storing_device = torch.device(storing_device)
@@ -64,8 +94,18 @@ class SyncCollector(CollectorBase):
         self._stride = traj_id_stride
         self._traj_start = traj_id_start
         self._frames = 0
+        self._env_frames = 0  # frames stepped by this collector (init_random_frames)
+        self._batches = 0  # rollouts started (reset_at_each_iter)
+        self._resets = 0  # lanes reset by max_frames_per_traj (their seeds)
+        self._full_resets = 0  # reset() calls (their seeds)
         self._obs_keys = [("observation", *leaf.key) for leaf in self.env.obs_leaves]
         self._act_keys = [("action", *leaf.key) for leaf in self.env.action_leaves]
+        self._info_keys = [("info", key) for key in self.env.info_keys]
+        self._random_policy = (
+            RandomPolicy(self.env.action_space, self.device, derive_seeds(seed, 1, 6)[0])
+            if self.init_random_frames
+            else None
+        )
         self.set_seed(seed)
         self._buffer = self._allocate()
         if shared_memory:  # before taking numpy views: sharing moves the storage
@@ -85,7 +125,7 @@ class SyncCollector(CollectorBase):
 
     def _allocate(self) -> TensorDict:
         """Dry-run the policy once to learn its outputs, check them, allocate the batch."""
-        with torch.no_grad():
+        with torch.no_grad(), interaction(self.exploration_type):
             out = self.policy(self._policy_input(self._obs))
         if not isinstance(out, TensorDictBase):
             raise PolicyError(f"the policy returned {type(out).__name__}, expected a TensorDict")
@@ -118,6 +158,11 @@ class SyncCollector(CollectorBase):
             buf[(flag,)] = torch.zeros(n, steps, 1, dtype=torch.bool)
             buf[("next", flag)] = torch.zeros(n, steps, 1, dtype=torch.bool)
         buf[("next", "reward")] = torch.zeros(n, steps, 1, dtype=torch.float32)
+        if self.max_frames_per_traj > 0:
+            buf[("step_count",)] = torch.zeros(n, steps, 1, dtype=torch.int64)
+            buf[("next", "step_count")] = torch.zeros(n, steps, 1, dtype=torch.int64)
+        for key, shape in zip(self._info_keys, self.env.info_shapes, strict=True):
+            buf[key] = torch.zeros(n, steps, *shape, dtype=torch.float64)
         buf[("collector", "traj_ids")] = torch.zeros(n, steps, dtype=torch.int64)
         buf[("collector", "mask")] = torch.ones(n, steps, dtype=torch.bool)
         return TensorDict(buf, batch_size=[n, steps])
@@ -144,39 +189,81 @@ class SyncCollector(CollectorBase):
         steps become padding (``collector/mask`` False, ``traj_ids`` -1, zeros)
         and the envs keep their state for the next batch.
         """
+        if self.reset_at_each_iter and self._batches > 0:
+            self.reset()
+        self._batches += 1
+        with interaction(self.exploration_type):
+            return self._fill(stop)
+
+    def _fill(self, stop: Callable[[], bool] | None) -> TensorDict:
         v = self._views
         mask = v[("collector", "mask")]
         obs_views = [v[k] for k in self._obs_keys]
         next_views = [v[("next", *k)] for k in self._obs_keys]
         policy_views = [(k, v[k]) for k in self._policy_keys]
         act_idx = [self._policy_keys.index(k) for k in self._act_keys]
+        extra_views = [view for i, (_, view) in enumerate(policy_views) if i not in act_idx]
+        info_views = [v[k] for k in self._info_keys]
         reward, traj = v[("next", "reward")], v[("collector", "traj_ids")]
         n_done, n_term, n_trunc = (v[("next", f)] for f in FLAG_KEYS)
+        limit = self.max_frames_per_traj
+        if limit > 0:
+            count, next_count = v[("step_count",)], v[("next", "step_count")]
         for t in range(self.steps_per_batch):
             for dst, src in zip(obs_views, self._obs, strict=True):
                 dst[:, t] = src
             traj[:, t] = self._traj_ids
-            out = self.policy(self._policy_input(self._obs))
-            outputs = [out.get(k).detach().cpu().numpy() for k, _ in policy_views]
-            for (_, dst), src in zip(policy_views, outputs, strict=True):
-                dst[:, t] = src
-            step = self._step([outputs[i] for i in act_idx])
+            if self._env_frames < self.init_random_frames:
+                actions = [a.cpu().numpy() for a in self._random_policy.sample(self.num_envs)]
+                for i, src in zip(act_idx, actions, strict=True):
+                    policy_views[i][1][:, t] = src
+                for dst in extra_views:
+                    dst[:, t] = 0
+            else:
+                out = self.policy(self._policy_input(self._obs))
+                outputs = [out.get(k).detach().cpu().numpy() for k, _ in policy_views]
+                for (_, dst), src in zip(policy_views, outputs, strict=True):
+                    dst[:, t] = src
+                actions = [outputs[i] for i in act_idx]
+            self._env_frames += self.num_envs
+            step = self._step(actions)
             for dst, src in zip(next_views, step.next_obs, strict=True):
                 dst[:, t] = src
+            for dst, src in zip(info_views, step.info or (), strict=True):
+                dst[:, t] = src
+            terminated, truncated = step.terminated, step.truncated
+            if limit > 0:
+                count[:, t, 0] = self._step_count
+                self._step_count += 1
+                hit = (self._step_count >= limit) & ~(terminated | truncated)
+                truncated = truncated | hit
+                next_count[:, t, 0] = self._step_count
             reward[:, t, 0] = step.reward
-            n_term[:, t, 0] = step.terminated
-            n_trunc[:, t, 0] = step.truncated
-            done = step.terminated | step.truncated
+            n_term[:, t, 0] = terminated
+            n_trunc[:, t, 0] = truncated
+            done = terminated | truncated
             n_done[:, t, 0] = done
-            if done.any():
-                self._new_trajectories(np.flatnonzero(done))
             self._obs = step.obs
+            if done.any():
+                ended = np.flatnonzero(done)
+                if limit > 0:
+                    self._step_count[ended] = 0
+                    if hit.any():
+                        self._truncate(np.flatnonzero(hit))
+                if self.reset_when_done:
+                    self._new_trajectories(ended)
             if stop is not None and t + 1 < self.steps_per_batch and stop():
                 self._pad(t + 1)
                 return self._buffer
         if not mask.all():
             mask[:] = True
         return self._buffer
+
+    def _truncate(self, lanes: np.ndarray) -> None:
+        """Reset the lanes that reached ``max_frames_per_traj`` (the env did not)."""
+        seeds = derive_seeds(self.seed, len(lanes), 4, self._resets)
+        self._resets += 1
+        self._obs = self.env.reset_lanes(lanes, seeds)
 
     def _pad(self, start: int) -> None:
         for key, view in self._views.items():
@@ -210,6 +297,7 @@ class SyncCollector(CollectorBase):
         """Reseed and reset every env (env i gets its own derived seed); fresh traj ids."""
         self.seed = int(seed)
         self._obs = self.env.reset(derive_seeds(seed, self.num_envs, 0))
+        self._step_count = np.zeros(self.num_envs, np.int64)
         if isinstance(self.policy, RandomPolicy):
             self.policy.generator.manual_seed(derive_seeds(seed, 1, 1)[0])
         self._restart_traj_ids()
@@ -221,7 +309,9 @@ class SyncCollector(CollectorBase):
 
     def reset(self) -> None:
         """Reset every env to a new initial state; running trajectories are abandoned."""
-        self._obs = self.env.reset(derive_seeds(self.seed, self.num_envs, 0, 1 + self._frames))
+        self._full_resets += 1
+        self._obs = self.env.reset(derive_seeds(self.seed, self.num_envs, 0, self._full_resets))
+        self._step_count = np.zeros(self.num_envs, np.int64)
         self._new_trajectories(np.arange(self.num_envs))
 
     def state_dict(self) -> dict[str, Any]:

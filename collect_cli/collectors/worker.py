@@ -21,7 +21,7 @@ import contextlib
 import os
 import signal
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from collect_cli.envs import EnvFactory
@@ -40,6 +40,7 @@ class WorkerSpec:
     seed: int
     num_threads: int = 1
     traj_id_start: int = 0  # worker w numbers trajectories start + w, start + w + W, ...
+    options: dict[str, Any] = field(default_factory=dict)  # SyncCollector rollout options
 
 
 def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
@@ -64,6 +65,7 @@ def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
             traj_id_stride=spec.workers,
             return_same_td=True,
             shared_memory=True,
+            **spec.options,
         )
         env = collector.env
         spaces = (specs.describe(env.observation_space), specs.describe(env.action_space))

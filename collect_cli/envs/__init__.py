@@ -20,19 +20,29 @@ class EnvFactory:
     num_envs: int
     backend: str = "gymnasium"
     kwargs: dict[str, Any] = field(default_factory=dict)
+    info_keys: tuple[str, ...] = ()
 
     def __call__(self) -> VecEnv:
         if self.backend == "gymnasium":
             from collect_cli.envs.gymnasium import GymnasiumVecEnv
 
-            return GymnasiumVecEnv(self.env_id, self.num_envs, dict(self.kwargs))
+            return GymnasiumVecEnv(
+                self.env_id, self.num_envs, dict(self.kwargs), tuple(self.info_keys)
+            )
         raise UsageError(f"unknown env.backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
 
 
 def env_factory(
-    env_id: str, num_envs: int, backend: str = "gymnasium", kwargs: dict[str, Any] | None = None
+    env_id: str,
+    num_envs: int,
+    backend: str = "gymnasium",
+    kwargs: dict[str, Any] | None = None,
+    info_keys: tuple[str, ...] | list[str] = (),
 ) -> EnvFactory:
-    """The constructor of ``num_envs`` lanes of ``env_id`` on ``backend``."""
+    """The constructor of ``num_envs`` lanes of ``env_id`` on ``backend``.
+
+    ``info_keys``: numeric entries of the env's step ``info`` to record under ``info/``.
+    """
     if backend not in BACKENDS:
         raise UsageError(f"unknown env.backend {backend!r}: choose from {', '.join(BACKENDS)}")
-    return EnvFactory(env_id, num_envs, backend, dict(kwargs or {}))
+    return EnvFactory(env_id, num_envs, backend, dict(kwargs or {}), tuple(info_keys))

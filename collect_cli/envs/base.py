@@ -25,6 +25,7 @@ class StepResult:
     reward: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
+    info: list[np.ndarray] | None = None  # one float64 array per ``info_keys`` entry
 
 
 class VecEnv(ABC):
@@ -35,6 +36,8 @@ class VecEnv(ABC):
     observation_space: spaces.Space
     action_space: spaces.Space
     max_episode_steps: int | None = None
+    info_keys: tuple[str, ...] = ()
+    info_shapes: tuple[tuple[int, ...], ...] = ()  # per info key, known after reset
 
     def _init_leaves(self) -> None:
         self.obs_leaves = specs.leaves(self.observation_space, "observation space")
@@ -43,6 +46,10 @@ class VecEnv(ABC):
     @abstractmethod
     def reset(self, seeds: list[int]) -> list[np.ndarray]:
         """Reset every lane with its own seed; return the first observations."""
+
+    @abstractmethod
+    def reset_lanes(self, lanes: np.ndarray, seeds: list[int]) -> list[np.ndarray]:
+        """Reset only ``lanes`` (each with its seed); return every lane's observation."""
 
     @abstractmethod
     def step(self, actions: list[np.ndarray]) -> StepResult:

@@ -17,7 +17,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from collect_cli import specs
 from collect_cli.envs.base import StepResult, VecEnv
-from collect_cli.errors import UsageError
+from collect_cli.errors import CollectionError, UsageError
 
 
 def _unknown_env(env_id: str, exc: Exception) -> UsageError:
@@ -42,7 +42,13 @@ def make_single(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
 
 
 class GymnasiumVecEnv(VecEnv):
-    def __init__(self, env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        kwargs: dict[str, Any] | None = None,
+        info_keys: tuple[str, ...] = (),
+    ):
         kwargs = dict(kwargs or {})
         first = make_single(env_id, kwargs)
         envs = [first] + [make_single(env_id, kwargs) for _ in range(num_envs - 1)]
@@ -55,11 +61,56 @@ class GymnasiumVecEnv(VecEnv):
         self.action_space = self._vec.single_action_space
         spec = first.spec
         self.max_episode_steps = spec.max_episode_steps if spec is not None else None
+        self.info_keys = tuple(info_keys)
+        self.info_shapes = tuple(() for _ in self.info_keys)
         self._init_leaves()
 
     def reset(self, seeds: list[int]) -> list[np.ndarray]:
-        obs, _ = self._vec.reset(seed=[int(s) for s in seeds])
+        obs, info = self._vec.reset(seed=[int(s) for s in seeds])
+        self.info_shapes = tuple(
+            np.shape(info[key][0]) if key in info and info[f"_{key}"][0] else ()
+            for key in self.info_keys
+        )
         return specs.split(obs, self.observation_space)
+
+    def reset_lanes(self, lanes: np.ndarray, seeds: list[int]) -> list[np.ndarray]:
+        mask = np.zeros(self.num_envs, bool)
+        mask[lanes] = True
+        full = [0] * self.num_envs
+        for lane, seed in zip(lanes, seeds, strict=True):
+            full[int(lane)] = int(seed)
+        obs, _ = self._vec.reset(seed=full, options={"reset_mask": mask})
+        return specs.split(obs, self.observation_space)
+
+    def _info(self, info: dict[str, Any], ended: np.ndarray | None) -> list[np.ndarray]:
+        """The ``info_keys`` entries of one step (NaN where a lane did not report one).
+
+        A lane that ended and was reset in this step reports its last step's info
+        under ``final_info``; the reset's own info is not a transition's.
+        """
+        final = info.get("final_info", {})
+        out = []
+        for key, shape in zip(self.info_keys, self.info_shapes, strict=True):
+            values = np.full((self.num_envs, *shape), np.nan)
+            for source, lanes in ((info, ended is None or ~ended), (final, ended)):
+                present = source.get(f"_{key}")
+                if present is None or lanes is None:
+                    continue
+                rows = np.flatnonzero(present & lanes)
+                if not len(rows):
+                    continue
+                try:
+                    values[rows] = np.asarray(
+                        [np.asarray(source[key][r], np.float64) for r in rows]
+                    ).reshape(len(rows), *shape)
+                except (TypeError, ValueError):
+                    sample = source[key][rows[0]]
+                    raise CollectionError(
+                        f"env.info_keys: info[{key!r}] of {self.env_id} is {sample!r}, "
+                        f"not a number array of shape {shape}"
+                    ) from None
+            out.append(values)
+        return out
 
     def step(self, actions: list[np.ndarray]) -> StepResult:
         action = specs.join(actions, self.action_space)
@@ -79,6 +130,7 @@ class GymnasiumVecEnv(VecEnv):
             reward=np.asarray(reward, dtype=np.float32),
             terminated=np.asarray(terminated, dtype=bool),
             truncated=np.asarray(truncated, dtype=bool),
+            info=self._info(info, ended) if self.info_keys else None,
         )
 
     def close(self) -> None:

@@ -134,7 +134,7 @@ class Writer(abc.ABC):
             self.frames, self.episodes = int(disk["frames"]), int(disk["episodes"])
             self.cursor = np.asarray(disk.get("lane_steps") or [disk["steps"]] * self.lanes)
             self.steps = int(self.cursor.max()) if len(self.cursor) else 0
-            self.tracker = EpisodeTracker(self.lanes)
+            self.tracker = self._tracker(self.lanes)
             self.tracker.start[:] = self.cursor
             self._drop_uncommitted()
             known = self._read("episodes/traj_id")[: self.episodes]
@@ -151,10 +151,19 @@ class Writer(abc.ABC):
             raise self._os_error(exc) from exc
         return self
 
+    def _tracker(self, lanes: int) -> EpisodeTracker:
+        # without resets at episode ends, a trajectory (one row) spans episodes
+        return EpisodeTracker(
+            lanes,
+            split_on_done=bool(self.meta.get("reset_when_done", True)),
+            by_lane=bool(self.meta.get("split_trajs", False)),
+        )
+
     def _tail_rows(self, known: set[int]) -> Rows:
         """Rows for each lane's last trajectory when it has none (cut by a crash)."""
         traj, mask = self._read("collector/traj_ids"), self._read("collector/mask")
-        reward = self._read("next/reward").reshape(traj.shape)
+        reward_key = "next/original_reward" if self._has("next/original_reward") else "next/reward"
+        reward = self._read(reward_key).reshape(traj.shape)
         rows = []
         for lane in range(self.lanes):
             valid = np.flatnonzero(mask[lane, : self.cursor[lane]])
@@ -189,12 +198,18 @@ class Writer(abc.ABC):
         items = leaf_items(batch)
         try:
             if not self._created:
-                self.lanes = self.lanes or width
+                self.lanes = max(self.lanes or 0, lane_start + width)
                 self.meta["lanes"] = self.lanes
                 self.cursor = np.zeros(self.lanes, np.int64)
-                self.tracker = EpisodeTracker(self.lanes)
+                self.tracker = self._tracker(self.lanes)
                 self._create(items, self.lanes)
                 self._created = True
+            elif lane_start + width > self.lanes:  # new rows (a dataset of whole episodes)
+                self._grow_lanes(lane_start + width)
+                grown = lane_start + width - self.lanes
+                self.cursor = np.concatenate([self.cursor, np.zeros(grown, np.int64)])
+                self.tracker.grow(lane_start + width)
+                self.lanes = self.meta["lanes"] = lane_start + width
             group = slice(lane_start, lane_start + width)
             t0 = int(self.cursor[group].max())
             self._write_frames(items, group, t0, steps)
@@ -264,6 +279,14 @@ class Writer(abc.ABC):
     @abc.abstractmethod
     def _read(self, key: str) -> np.ndarray:
         """One stored array (``key`` joined by ``/``), as on disk."""
+
+    @abc.abstractmethod
+    def _has(self, key: str) -> bool:
+        """Whether frame storage for ``key`` (joined by ``/``) exists."""
+
+    @abc.abstractmethod
+    def _grow_lanes(self, lanes: int) -> None:
+        """Make room for ``lanes`` lanes (new ones empty: mask False, traj_ids -1)."""
 
     @abc.abstractmethod
     def _create(self, items: list[tuple[tuple[str, ...], np.ndarray]], lanes: int) -> None:

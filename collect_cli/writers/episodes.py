@@ -34,48 +34,105 @@ def concat_rows(parts: list[Rows]) -> Rows:
     return {name: np.concatenate([p[name] for p in parts]) for name in COLUMNS}
 
 
-class EpisodeTracker:
-    """Carries the running episode of every lane across batches."""
+def frame_flags(batch: TensorDictBase, mask: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(reward, done, terminated, truncated)`` of each frame's own step, ``[lanes, time]``.
 
-    def __init__(self, lanes: int):
+    After an n-step post-processing, ``next/*`` look up to n steps ahead: the
+    frame's own reward is ``next/original_reward`` and its own step ended the
+    episode only where ``next/done`` holds with ``steps_to_next_obs == 1``.
+    """
+    shape = mask.shape
+    reward = batch.get(("next", "original_reward"), None)
+    if reward is None:
+        reward = batch.get(("next", "reward"))
+    done = batch.get(("next", "done")).numpy().reshape(shape)
+    steps_to = batch.get("steps_to_next_obs", None)
+    if steps_to is not None:
+        done = done & (steps_to.numpy().reshape(shape) == 1)
+    return (
+        reward.numpy().reshape(shape).astype(np.float64),
+        done & mask,
+        batch.get(("next", "terminated")).numpy().reshape(shape),
+        batch.get(("next", "truncated")).numpy().reshape(shape),
+    )
+
+
+class EpisodeTracker:
+    """Carries the running episode of every lane across batches.
+
+    An episode ends at a done frame (``split_on_done``) or where the lane's
+    traj_id changes without one (a reset cut it: ``complete`` False).
+    """
+
+    def __init__(self, lanes: int, split_on_done: bool = True, by_lane: bool = False):
         self.lanes = lanes
+        self.split_on_done = split_on_done
+        self.by_lane = by_lane  # rows ordered by lane (rows are episodes), not by end time
         self.start = np.zeros(lanes, np.int64)
         self.length = np.zeros(lanes, np.int64)
         self.ret = np.zeros(lanes, np.float64)
         self.traj = np.full(lanes, -1, np.int64)
 
+    def grow(self, lanes: int) -> None:
+        extra = lanes - self.lanes
+        self.start = np.concatenate([self.start, np.zeros(extra, np.int64)])
+        self.length = np.concatenate([self.length, np.zeros(extra, np.int64)])
+        self.ret = np.concatenate([self.ret, np.zeros(extra, np.float64)])
+        self.traj = np.concatenate([self.traj, np.full(extra, -1, np.int64)])
+        self.lanes = lanes
+
     def update(self, batch: TensorDictBase, t0: int, lane_start: int = 0) -> Rows:
         """Consume one batch of lanes ``lane_start...`` written at time offset ``t0``."""
         mask = batch.get(("collector", "mask")).numpy()
         traj = batch.get(("collector", "traj_ids")).numpy()
-        reward = batch.get(("next", "reward")).numpy().reshape(mask.shape).astype(np.float64)
-        term = batch.get(("next", "terminated")).numpy().reshape(mask.shape)
-        trunc = batch.get(("next", "truncated")).numpy().reshape(mask.shape)
-        done = batch.get(("next", "done")).numpy().reshape(mask.shape) & mask
+        reward, done, term, trunc = frame_flags(batch, mask)
+        if not self.split_on_done:
+            done = np.zeros_like(done)
         nlanes, steps = mask.shape
         group = slice(lane_start, lane_start + nlanes)
         carry_start, carry_len = self.start[group], self.length[group]
         carry_ret, carry_traj = self.ret[group], self.traj[group]
 
+        # cuts: the next valid frame of the lane has another traj_id, and no done here
+        lane_v, t_v = np.nonzero(mask)
+        change = np.zeros(len(lane_v), bool)
+        change[:-1] = (lane_v[1:] == lane_v[:-1]) & (
+            traj[lane_v[1:], t_v[1:]] != traj[lane_v[:-1], t_v[:-1]]
+        )
+        ends = done.copy()
+        ends[lane_v[change], t_v[change]] = True
+
+        # episodes carried in from the previous batch that a reset cut at its end
+        has_valid = mask.any(axis=1)
+        first_valid = np.argmax(mask, axis=1)
+        first_id = traj[np.arange(nlanes), first_valid]
+        cross = np.flatnonzero(
+            has_valid & (carry_traj >= 0) & (carry_len > 0) & (first_id != carry_traj)
+        )
+        cut_rows = self._rows(cross, lane_start, carry_start, carry_len, carry_ret, carry_traj)
+        carry_len[cross], carry_ret[cross] = 0, 0.0
+        carry_start[cross] = t0 + first_valid[cross]
+
         cum_ret = np.cumsum(np.where(mask, reward, 0.0), axis=1)
         cum_len = np.cumsum(mask, axis=1)
-        lanes, ts = np.nonzero(done)  # lane-major: sorted by lane, then time
+        lanes, ts = np.nonzero(ends)  # lane-major: sorted by lane, then time
         first = np.ones(len(lanes), bool)
         first[1:] = lanes[1:] != lanes[:-1]
         prev = np.arange(len(lanes)) - 1
         prev_ret = np.where(first, -carry_ret[lanes], cum_ret[lanes[prev], ts[prev]])
         prev_len = np.where(first, -carry_len[lanes], cum_len[lanes[prev], ts[prev]])
+        complete = done[lanes, ts]
         rows: Rows = {
             "traj_id": traj[lanes, ts],
             "lane": lanes.astype(np.int64) + lane_start,
             "start": np.where(first, carry_start[lanes], t0 + ts[prev] + 1),
             "length": cum_len[lanes, ts] - prev_len,
             "return": cum_ret[lanes, ts] - prev_ret,
-            "terminated": term[lanes, ts],
-            "truncated": trunc[lanes, ts],
-            "complete": np.ones(len(lanes), bool),
+            "terminated": term[lanes, ts] & complete,
+            "truncated": trunc[lanes, ts] & complete,
+            "complete": complete,
         }
-        order = np.lexsort((lanes, ts))
+        order = np.argsort(lanes, kind="stable") if self.by_lane else np.lexsort((lanes, ts))
         rows = {k: np.ascontiguousarray(v[order], COLUMNS[k]) for k, v in rows.items()}
 
         # carry the tails into the next batch
@@ -91,23 +148,25 @@ class EpisodeTracker:
         carry_ret[ended] = tail_ret[ended]
         carry_len[ended] = tail_len[ended]
         carry_start[ended] = t0 + end_t + 1
-        has_valid = mask.any(axis=1)
         last_valid = steps - 1 - np.argmax(mask[:, ::-1], axis=1)
         carry_traj[:] = np.where(has_valid, traj[np.arange(nlanes), last_valid], carry_traj)
         carry_traj[ended[end_t == last_valid[ended]]] = -1
-        return rows
+        return concat_rows([cut_rows, rows])
 
-    def finish(self) -> Rows:
-        """Rows for the episodes cut by the end of the run (``complete=False``)."""
-        open_lanes = np.flatnonzero((self.length > 0) & (self.traj >= 0))
-        n = len(open_lanes)
+    def _rows(self, lanes, lane_start, start, length, ret, traj) -> Rows:
+        n = len(lanes)
         return {
-            "traj_id": self.traj[open_lanes],
-            "lane": open_lanes.astype(np.int64),
-            "start": self.start[open_lanes],
-            "length": self.length[open_lanes],
-            "return": self.ret[open_lanes],
+            "traj_id": traj[lanes].astype(np.int64),
+            "lane": lanes.astype(np.int64) + lane_start,
+            "start": start[lanes].astype(np.int64),
+            "length": length[lanes].astype(np.int64),
+            "return": ret[lanes].astype(np.float64),
             "terminated": np.zeros(n, bool),
             "truncated": np.zeros(n, bool),
             "complete": np.zeros(n, bool),
         }
+
+    def finish(self) -> Rows:
+        """Rows for the episodes cut by the end of the run (``complete=False``)."""
+        open_lanes = np.flatnonzero((self.length > 0) & (self.traj >= 0))
+        return self._rows(open_lanes, 0, self.start, self.length, self.ret, self.traj)

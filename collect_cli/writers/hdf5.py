@@ -41,8 +41,8 @@ def decode_attrs(attrs: h5py.AttributeManager) -> dict[str, Any]:
             value = value.decode()
         elif isinstance(value, np.generic):
             value = value.item()
-        if key in JSON_ATTRS and isinstance(value, str):
-            value = json.loads(value)
+        if isinstance(value, str) and (key in JSON_ATTRS or value[:1] in ("{", "[")):
+            value = json.loads(value)  # dicts and lists are stored as JSON text
         meta[key] = value
     return meta
 
@@ -104,6 +104,7 @@ class Hdf5Writer(Writer):
             return
         for ds in self._frames.values():
             ds.resize(self.steps, axis=1)
+            ds.resize(self.lanes, axis=0)  # rows appended after the last commit
         mask, traj = self._frames[("collector", "mask")], self._frames[("collector", "traj_ids")]
         for lane in np.flatnonzero(self.cursor < self.steps):
             mask[lane, self.cursor[lane] :] = False
@@ -111,6 +112,13 @@ class Hdf5Writer(Writer):
 
     def _read(self, key: str) -> np.ndarray:
         return self._file[key][()]
+
+    def _has(self, key: str) -> bool:
+        return tuple(key.split("/")) in self._frames
+
+    def _grow_lanes(self, lanes: int) -> None:
+        for ds in self._frames.values():
+            ds.resize(lanes, axis=0)
 
     def _create(self, items, lanes: int) -> None:
         for key, array in items:
@@ -121,7 +129,7 @@ class Hdf5Writer(Writer):
             self._frames[key] = self._file.create_dataset(
                 "/".join(key),
                 shape=(lanes, 0, *feat),
-                maxshape=(lanes, None, *feat),
+                maxshape=(None, None, *feat),
                 dtype=array.dtype,
                 chunks=(1, steps, *feat),
                 compression=self.compression,

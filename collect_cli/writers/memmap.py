@@ -99,7 +99,8 @@ class MemmapWriter(Writer):
         self._maps: dict[tuple[str, ...], np.memmap] = {}
         self._specs: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]] = {}
         self._episode_files: dict[str, Any] = {}
-        self.capacity = 0
+        self.capacity = 0  # time steps allocated
+        self.lane_capacity = 0  # lanes allocated (grows for datasets of whole episodes)
 
     def _file(self, key: tuple[str, ...]) -> Path:
         return self.path.joinpath(*key[:-1], key[-1] + ".memmap")
@@ -127,6 +128,7 @@ class MemmapWriter(Writer):
                     shape = tuple(entry["shape"])
                     self._specs[key] = (shape[2:], dtype)
                     self.capacity = shape[1]
+                    self.lane_capacity = shape[0]
                     self._maps[key] = np.memmap(
                         self._file(key), dtype=dtype, mode="r+", shape=shape
                     )
@@ -145,6 +147,15 @@ class MemmapWriter(Writer):
         for lane in range(self.lanes):
             mask[lane, self.cursor[lane] :] = False
             traj[lane, self.cursor[lane] :] = -1
+        mask[self.lanes :] = False  # rows appended after the last commit
+        traj[self.lanes :] = -1
+
+    def _has(self, key: str) -> bool:
+        return tuple(key.split("/")) in self._specs
+
+    def _grow_lanes(self, lanes: int) -> None:
+        if lanes > self.lane_capacity:
+            self._resize(self.capacity, max(2 * self.lane_capacity, lanes))
 
     def _read(self, key: str) -> np.ndarray:
         if key.startswith("episodes/"):
@@ -156,9 +167,9 @@ class MemmapWriter(Writer):
         for key, array in items:
             self._specs[key] = (array.shape[2:], array.dtype)
             self._file(key).parent.mkdir(parents=True, exist_ok=True)
-        self._resize(max(self.planned_steps or 0, items[0][1].shape[1]))
+        self._resize(max(self.planned_steps or 0, items[0][1].shape[1]), lanes)
 
-    def _resize(self, capacity: int) -> None:
+    def _resize(self, capacity: int, lane_capacity: int | None = None) -> None:
         """(Re)allocate every frame file with ``capacity`` steps, keeping what is written.
 
         The new layout is built in a sibling directory (episodes files hard-linked,
@@ -166,6 +177,8 @@ class MemmapWriter(Writer):
         a crash at any moment leaves either the old dataset or the new one.
         """
         keep = min(self.steps, capacity)
+        lane_capacity = lane_capacity or self.lane_capacity
+        rows = min(self.lanes, lane_capacity)
         staging = self.path.with_name(self.path.name + ".resize")
         if staging.exists():
             shutil.rmtree(staging)
@@ -180,28 +193,33 @@ class MemmapWriter(Writer):
         for key, (feat, dtype) in self._specs.items():
             target = staging.joinpath(*key[:-1], key[-1] + ".memmap")
             target.parent.mkdir(parents=True, exist_ok=True)
-            shape = (self.lanes, capacity, *feat)
+            shape = (lane_capacity, capacity, *feat)
             with open(target, "wb") as f:  # real blocks, not a sparse file: a full disk fails
                 size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
                 os.posix_fallocate(f.fileno(), 0, max(size, 1))  # here, not as SIGBUS later
             new = np.memmap(target, dtype=dtype, mode="r+", shape=shape)
             old = self._maps.get(key)
             if old is not None and keep:
-                new[:, :keep] = old[:, :keep]
+                new[:rows, :keep] = old[:rows, :keep]
             if key == ("collector", "traj_ids"):
                 new[:, keep:] = -1  # frames not written yet are padding
+                new[rows:] = -1
             new.flush()
             del new
         self._write_td_meta(
-            root=staging, capacity=capacity, only_episodes=False, skip_episodes=True
+            root=staging,
+            capacity=capacity,
+            lane_capacity=lane_capacity,
+            only_episodes=False,
+            skip_episodes=True,
         )
         self._maps.clear()
         exchange(staging, self.path)
         shutil.rmtree(staging)
-        self.capacity = capacity
+        self.capacity, self.lane_capacity = capacity, lane_capacity
         for key, (feat, dtype) in self._specs.items():
             self._maps[key] = np.memmap(
-                self._file(key), dtype=dtype, mode="r+", shape=(self.lanes, capacity, *feat)
+                self._file(key), dtype=dtype, mode="r+", shape=(lane_capacity, capacity, *feat)
             )
 
     def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
@@ -221,11 +239,13 @@ class MemmapWriter(Writer):
         root: Path | None = None,
         capacity: int | None = None,
         skip_episodes: bool = False,
+        lane_capacity: int | None = None,
     ) -> None:
         """Write tensordict's ``meta.json`` files (under ``root``, default the dataset)."""
         root = root or self.path
         cap = self.capacity if capacity is None else capacity
-        leaves = {k: ((self.lanes, cap, *feat), dt) for k, (feat, dt) in self._specs.items()}
+        rows = self.lane_capacity if lane_capacity is None else lane_capacity
+        leaves = {k: ((rows, cap, *feat), dt) for k, (feat, dt) in self._specs.items()}
         for name, dtype in COLUMNS.items():
             leaves[("episodes", name)] = ((self.episodes,), dtype)
         for key, content in td_meta_tree(leaves).items():
@@ -255,8 +275,16 @@ class MemmapWriter(Writer):
         write_json(self.path / META_FILE, self.meta, sync=True)
 
     def close(self, status: str = "complete") -> None:
-        if status == "complete" and self._specs and self.capacity != self.steps:
-            self._resize(self.steps)
+        if (
+            status == "complete"
+            and self._specs
+            and (self.capacity, self.lane_capacity)
+            != (
+                self.steps,
+                self.lanes,
+            )
+        ):
+            self._resize(self.steps, self.lanes)
         super().close(status)
 
     def _close(self) -> None:

@@ -138,6 +138,9 @@ def test_env_exception_becomes_collection_error():
         def reset(self, seeds):
             return self._inner.reset(seeds)
 
+        def reset_lanes(self, lanes, seeds):
+            return self._inner.reset_lanes(lanes, seeds)
+
         def step(self, actions):
             self.steps += 1
             if self.steps == 7:

@@ -112,3 +112,19 @@ class SlowEnv(CounterEnv):
 
 
 gym.register("Slow-v0", entry_point=SlowEnv)
+
+
+class InfoEnv(CounterEnv):
+    """Counter with an info dict: ``x_position`` (scalar), ``terms`` (vector), ``label`` (text)."""
+
+    def reset(self, *, seed=None, options=None):
+        obs, _ = super().reset(seed=seed)
+        return obs, {"x_position": 0.0, "terms": np.zeros(2), "label": "start"}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = super().step(action)
+        info = {"x_position": self.t * 0.5, "terms": np.array([self.t, -self.t]), "label": "x"}
+        return obs, reward, terminated, truncated, info
+
+
+gym.register("Info-v0", entry_point=InfoEnv)

@@ -43,3 +43,12 @@ def gaussian(observation_space, action_space):
 
 def broken():
     raise RuntimeError("factory exploded")
+
+
+def first_action(observation_space, action_space):
+    """A plain callable: always the lowest discrete action (0 for Discrete(n))."""
+
+    def act(obs):
+        return torch.full((obs.shape[0],), int(action_space.start), dtype=torch.int64)
+
+    return act
