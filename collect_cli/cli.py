@@ -228,6 +228,73 @@ def validate(
     raise typer.Exit(_guarded(check, debug=False))
 
 
+_EXPORT_HELP = """Export a dataset (.h5 file or memmap dir) to D4RL or Minari.
+
+\b
+d4rl:    one HDF5 file: observations actions rewards next_observations
+         terminals timeouts, infos/ (policy extras, info keys, traj_id),
+         metadata/ (env id, config, seed, spaces, source...). Dict/Tuple
+         spaces become groups: observations/<key>, actions/<index>.
+minari:  a Minari dataset directory (pip install 'rlcollect\\[export]').
+         --out ROOT/NAMESPACE/NAME-vN makes the id NAMESPACE/NAME-vN:
+         MINARI_DATASETS_PATH=ROOT, then minari.load_dataset(id).
+\b
+Episodes are contiguous (lane by lane, in time order); padding is never
+exported. An episode cut by the end of the run (or by a kill) ends with
+a timeout (Minari: a truncation) at its last step; --drop-incomplete
+leaves such episodes out. A running or interrupted dataset exports its
+committed frames. The stdout line is a JSON summary. Exit codes: 0 done,
+1 runtime failure or a dataset failing validation, 2 bad usage.
+"""
+
+
+@app.command(help=_EXPORT_HELP)
+def export(
+    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="d4rl or minari.")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="d4rl: the .hdf5 file; minari: the dataset dir.")
+    ],
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --out.")
+    ] = False,
+    drop_incomplete: Annotated[
+        bool, typer.Option("--drop-incomplete", help="Leave out episodes cut by the end.")
+    ] = False,
+    compression: Annotated[
+        str, typer.Option("--compression", help="d4rl: none, gzip or lzf.")
+    ] = "none",
+    dataset_id: Annotated[
+        str | None,
+        typer.Option("--dataset-id", help="minari: the id (default: the last 2 parts of --out)."),
+    ] = None,
+) -> None:
+    def convert() -> int:
+        from collect_cli.writers.export import export as export_dataset
+
+        logging.basicConfig(format="rlcollect: %(levelname)s: %(message)s", stream=sys.stderr)
+        result = export_dataset(
+            path,
+            fmt,
+            out,
+            overwrite=overwrite,
+            drop_incomplete=drop_incomplete,
+            compression=compression,
+            dataset_id=dataset_id,
+        )
+        if result.source_status != "complete":
+            fate = "dropped" if drop_incomplete else f"ending with a {result.incomplete}"
+            print(
+                f"rlcollect: note: {path} is {result.source_status}: exported its committed "
+                f"frames ({result.incomplete_episodes} incomplete episodes {fate})",
+                file=sys.stderr,
+            )
+        print(json.dumps(result.as_dict()), flush=True)
+        return EXIT_OK
+
+    raise typer.Exit(_guarded(convert, debug=False))
+
+
 def _print_info(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table

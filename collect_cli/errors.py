@@ -41,3 +41,7 @@ class CollectionError(RlcollectError):
 
 class WriteError(RlcollectError):
     """Runtime failure while writing: disk full, I/O error..."""
+
+
+class DatasetError(RlcollectError):
+    """A dataset on disk that is damaged, inconsistent or empty where data is needed."""

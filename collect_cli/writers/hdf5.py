@@ -21,6 +21,37 @@ from collect_cli.writers.episodes import COLUMNS, Rows
 JSON_ATTRS = ("observation_space", "action_space", "versions", "shards", "lane_steps", "resumed")
 FILL = {("collector", "traj_ids"): -1}  # frames not written yet are padding
 RESERVE_MARGIN = 1 << 20  # room for HDF5 metadata and for closing after a failed reservation
+CHUNK_MIN, CHUNK_TARGET, CHUNK_MAX = 256 << 10, 512 << 10, 1 << 20  # bytes per chunk
+CACHE_MAX = 64 << 20  # chunk cache per dataset, at most
+
+
+def chunk_steps(row_bytes: int, chunk_frames: int, batch_steps: int) -> int:
+    """Time steps per chunk of a key whose frame is ``row_bytes`` bytes.
+
+    Small frames: ``chunk_frames`` steps. Large frames (images): sized by bytes,
+    0.25-1 MiB, preferring a divisor of the batch's time steps, so that each
+    batch fills whole chunks: a compressed chunk is then compressed once and
+    never read back to be completed by the next batch.
+    """
+    cap = max(1, min(chunk_frames, CHUNK_MAX // row_bytes))
+    if cap * row_bytes < CHUNK_MIN:
+        return cap
+    for steps in range(cap, 0, -1):
+        if steps * row_bytes < CHUNK_MIN:
+            break
+        if batch_steps % steps == 0:
+            return steps
+    return max(1, min(cap, CHUNK_TARGET // row_bytes))
+
+
+def chunk_cache(chunk_bytes: int, lanes: int) -> dict[str, Any]:
+    """h5py chunk-cache settings holding one chunk per lane (the one being filled),
+    within ``CACHE_MAX``; chunks already full are evicted first (``w0=1``)."""
+    nbytes = min(CACHE_MAX, max(1 << 20, (lanes + 1) * chunk_bytes))
+    slots = max(521, 10 * (nbytes // chunk_bytes + 1)) | 1
+    while any(slots % d == 0 for d in range(3, int(slots**0.5) + 1, 2)):
+        slots += 2  # a prime number of hash slots, as HDF5 advises
+    return {"rdcc_nbytes": nbytes, "rdcc_nslots": slots, "rdcc_w0": 1.0}
 
 
 def encode_attrs(attrs: h5py.AttributeManager, meta: dict[str, Any]) -> None:
@@ -124,8 +155,7 @@ class Hdf5Writer(Writer):
         for key, array in items:
             feat = array.shape[2:]
             row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * array.dtype.itemsize)
-            # time steps per chunk: chunk_frames, capped near 1 MiB per chunk
-            steps = max(1, min(self.chunk_frames, (1 << 20) // row_bytes))
+            steps = chunk_steps(row_bytes, self.chunk_frames, array.shape[1])
             self._frames[key] = self._file.create_dataset(
                 "/".join(key),
                 shape=(lanes, 0, *feat),
@@ -134,6 +164,7 @@ class Hdf5Writer(Writer):
                 chunks=(1, steps, *feat),
                 compression=self.compression,
                 fillvalue=FILL.get(key, 0),
+                **chunk_cache(steps * row_bytes, lanes),
             )
 
     def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
