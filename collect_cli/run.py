@@ -198,6 +198,7 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
             "frames_per_batch": collector.frames_per_batch,
             "total_frames": settings.total_frames,
             "config": settings.config_yaml,
+            **settings.extra_metadata,  # e.g. "sweep": the sweep a shard belongs to
         }
         writer = make_writer(
             settings.writer.name,
