@@ -260,6 +260,44 @@ def validate(
     raise typer.Exit(_guarded(check, debug=False))
 
 
+@app.command()
+def merge(
+    shards: Annotated[
+        list[Path], typer.Argument(help="Datasets to merge (the shards of a sweep), in order.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The merged dataset to write.")],
+    copy: Annotated[
+        bool,
+        typer.Option(
+            "--copy", help="HDF5: copy the frames (a self-contained file), not link them."
+        ),
+    ] = False,
+    allow_incomplete: Annotated[
+        bool,
+        typer.Option("--allow-incomplete", help="Merge shards that did not complete, too."),
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace --out if it exists.")
+    ] = False,
+) -> None:
+    """Merge shards into one dataset: lanes concatenated, traj ids made unique.
+
+    HDF5 shards become virtual datasets (zero-copy; shard paths stored relative to
+    the merged file) unless --copy; memmap shards are copied. Prints a JSON summary.
+    """
+
+    def go() -> int:
+        from collect_cli.writers.merge import merge as merge_shards
+
+        result = merge_shards(
+            shards, out, copy=copy, allow_incomplete=allow_incomplete, overwrite=overwrite
+        )
+        print(json.dumps(result), flush=True)
+        return EXIT_OK
+
+    raise typer.Exit(_guarded(go, debug=False))
+
+
 def _print_info(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -41,3 +41,7 @@ class CollectionError(RlcollectError):
 
 class WriteError(RlcollectError):
     """Runtime failure while writing: disk full, I/O error..."""
+
+
+class MergeError(UsageError):
+    """Shards that cannot be merged: different envs, spaces, keys or dtypes; incomplete."""
