@@ -65,6 +65,7 @@ Keys:   total_frames frames_per_batch device storing_device seed out
         writer.compression=none|gzip|lzf writer.chunk_frames
 \b
 Example: rlcollect run env=CartPole total_frames=1e5 writer=memmap out=data/cp
+Sweep:   rlcollect run -m seed=0,1,2,3 [hydra/launcher=joblib|submitit_local]
 The last stdout line is a JSON summary. Exit codes: 0 done, 1 runtime failure,
 2 bad usage or config, 130 interrupted (dataset flushed).
 """
@@ -80,15 +81,26 @@ def run(
         str | None,
         typer.Option("--cfg", "-c", help="Print the composed config (job) and exit, as Hydra's."),
     ] = None,
+    multirun: Annotated[
+        bool,
+        typer.Option(
+            "--multirun",
+            "-m",
+            help="Hydra multirun: one job, and one shard, per combination of swept values "
+            "(seed=0,1,2), through hydra/launcher=basic|joblib|submitit_local|...",
+        ),
+    ] = False,
 ) -> None:
     overrides = list(ctx.args)
     debug = any(o.strip().lower() in ("debug=true", "debug=1", "debug=yes") for o in overrides)
     if cfg is not None:
-        raise typer.Exit(_guarded(lambda: _print_cfg(cfg, overrides), debug))
+        raise typer.Exit(_guarded(lambda: _print_cfg(cfg, overrides, multirun), debug))
+    if multirun:
+        raise typer.Exit(_guarded(lambda: _sweep(overrides, debug), debug))
     raise typer.Exit(_guarded(lambda: _run(overrides), debug))
 
 
-def _print_cfg(which: str, overrides: list[str]) -> int:
+def _print_cfg(which: str, overrides: list[str], multirun: bool = False) -> int:
     from omegaconf import OmegaConf
 
     from collect_cli import config
@@ -96,10 +108,20 @@ def _print_cfg(which: str, overrides: list[str]) -> int:
 
     if which != "job":
         raise UsageError(f"--cfg {which!r} is not supported: use --cfg job")
+    if multirun:
+        raise UsageError("--cfg job shows one job: drop --multirun and name one value per key")
     composed = config.compose(overrides)
     config.load(composed)  # validate, so that a printed config is a runnable one
     print(OmegaConf.to_yaml(composed), end="")
     return EXIT_OK
+
+
+def _configure_logging(debug: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        format="rlcollect: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def _run(overrides: list[str]) -> int:
@@ -108,11 +130,7 @@ def _run(overrides: list[str]) -> int:
     from collect_cli.run import run as run_collection
 
     settings = config.load(config.compose(overrides))
-    logging.basicConfig(
-        level=logging.DEBUG if settings.debug else logging.WARNING,
-        format="rlcollect: %(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
+    _configure_logging(settings.debug)
     progress = make_progress(settings.progress)
     try:
         result = run_collection(settings, progress)
@@ -120,6 +138,26 @@ def _run(overrides: list[str]) -> int:
         progress.close()
     print(json.dumps(result.as_dict()), flush=True)
     return EXIT_INTERRUPTED if result.status == "interrupted" else EXIT_OK
+
+
+def _sweep(overrides: list[str], debug: bool) -> int:
+    """A Hydra multirun: one shard per job; stdout gets one JSON summary of the sweep."""
+    from collect_cli.sweep import run_sweep
+
+    _configure_logging(debug)
+    outcome = run_sweep(overrides, Path.cwd())
+    for job in outcome.failed:
+        if job.get("traceback"):
+            print(job["traceback"], file=sys.stderr, end="")
+        shard = f"; shard {job['path']}" if job["path"] else ""
+        _err(
+            f"job {job['job']} ({' '.join(job['overrides']) or 'no overrides'}) "
+            f"exited {job['exit_code']}: {job.get('error', job['status'])}{shard}"
+        )
+    if outcome.kept_dir:
+        print(f"rlcollect: launcher logs kept in {outcome.kept_dir}", file=sys.stderr)
+    print(json.dumps(outcome.summary), flush=True)
+    return outcome.exit_code
 
 
 def _guarded(fn, debug: bool) -> int:
@@ -293,6 +331,44 @@ def export(
         return EXIT_OK
 
     raise typer.Exit(_guarded(convert, debug=False))
+
+
+@app.command()
+def merge(
+    shards: Annotated[
+        list[Path], typer.Argument(help="Datasets to merge (the shards of a sweep), in order.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The merged dataset to write.")],
+    copy: Annotated[
+        bool,
+        typer.Option(
+            "--copy", help="HDF5: copy the frames (a self-contained file), not link them."
+        ),
+    ] = False,
+    allow_incomplete: Annotated[
+        bool,
+        typer.Option("--allow-incomplete", help="Merge shards that did not complete, too."),
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace --out if it exists.")
+    ] = False,
+) -> None:
+    """Merge shards into one dataset: lanes concatenated, traj ids made unique.
+
+    HDF5 shards become virtual datasets (zero-copy; shard paths stored relative to
+    the merged file) unless --copy; memmap shards are copied. Prints a JSON summary.
+    """
+
+    def go() -> int:
+        from collect_cli.writers.merge import merge as merge_shards
+
+        result = merge_shards(
+            shards, out, copy=copy, allow_incomplete=allow_incomplete, overwrite=overwrite
+        )
+        print(json.dumps(result), flush=True)
+        return EXIT_OK
+
+    raise typer.Exit(_guarded(go, debug=False))
 
 
 def _print_info(data: dict[str, Any]) -> None:

@@ -199,6 +199,8 @@ class Settings:
     split_trajs: bool = False
     exploration_type: str = "random"
     config_yaml: str = ""
+    # recorded with the dataset's metadata, e.g. the sweep a shard belongs to
+    extra_metadata: dict[str, Any] = field(default_factory=dict)
 
 
 def register() -> None:
@@ -380,11 +382,16 @@ def compose(overrides: list[str]) -> DictConfig:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             return hydra_compose("config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
-        message = _hydra_message(exc)
-        key = _failing_key(exc)
-        if key and key not in message:
-            message = f"{key}: {message}"
-        raise ConfigError(message) from None
+        raise hydra_error(exc) from None
+
+
+def hydra_error(exc: Exception) -> ConfigError:
+    """A one-line :class:`ConfigError` for a Hydra or OmegaConf exception."""
+    message = _hydra_message(exc)
+    key = _failing_key(exc)
+    if key and key not in message:
+        message = f"{key}: {message}"
+    return ConfigError(message)
 
 
 def _failing_key(exc: BaseException | None) -> str | None:
@@ -407,7 +414,7 @@ def _hydra_message(exc: Exception) -> str:
         return detail
     if not lines:
         return type(exc).__name__
-    missing = re.search(r"Could not find '([^/']+)/([^']*)'", lines[0])
+    missing = re.search(r"Could not find '([^']+)/([^/']*)'", lines[0])
     if missing:
         group, option = missing.groups()
         options = []

@@ -45,3 +45,7 @@ class WriteError(RlcollectError):
 
 class DatasetError(RlcollectError):
     """A dataset on disk that is damaged, inconsistent or empty where data is needed."""
+
+
+class MergeError(UsageError):
+    """Shards that cannot be merged: different envs, spaces, keys or dtypes; incomplete."""

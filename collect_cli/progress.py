@@ -26,9 +26,12 @@ def _fmt_return(state: ProgressState) -> str:
 class PlainProgress:
     """ANSI-free lines, at most one per ``interval`` seconds, plus the final one."""
 
-    def __init__(self, stream: TextIO | None = None, interval: float = 2.0):
+    def __init__(
+        self, stream: TextIO | None = None, interval: float = 2.0, label: str | None = None
+    ):
         self.stream = stream or sys.stderr
         self.interval = interval
+        self.prefix = f"{label}: " if label else ""  # e.g. "job 3: " in a sweep
         self._last = -float("inf")
 
     def __call__(self, state: ProgressState) -> None:
@@ -43,7 +46,7 @@ class PlainProgress:
         pct = f" ({100 * state.frames / state.total_frames:.0f}%)" if state.total_frames > 0 else ""
         fps = (state.frames - state.frames_before) / state.elapsed if state.elapsed > 0 else 0.0
         print(
-            f"frames {state.frames}{total}{pct} | {fps:.0f} frames/s | "
+            f"{self.prefix}frames {state.frames}{total}{pct} | {fps:.0f} frames/s | "
             f"episodes {state.episodes} | mean return {_fmt_return(state)} | "
             f"eta {_fmt_eta(state)}",
             file=self.stream,
@@ -111,11 +114,12 @@ class Recorder:
             self.display.close(self.last)
 
 
-def make_progress(mode: str) -> Recorder:
+def make_progress(mode: str, label: str | None = None) -> Recorder:
+    """``label`` prefixes plain lines (a sweep's job); a labelled display is never Rich."""
     if mode == "auto":
-        mode = "rich" if sys.stderr.isatty() else "plain"
-    if mode == "rich":
+        mode = "rich" if sys.stderr.isatty() and label is None else "plain"
+    if mode == "rich" and label is None:
         return Recorder(RichProgress())
-    if mode == "plain":
-        return Recorder(PlainProgress())
+    if mode in ("rich", "plain"):
+        return Recorder(PlainProgress(label=label))
     return Recorder(None)

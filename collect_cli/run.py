@@ -226,6 +226,7 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
             "env_lanes": collector.lanes,
             **_stream_options(settings),
             "config": settings.config_yaml,
+            **settings.extra_metadata,  # e.g. "sweep": the sweep a shard belongs to
         }
         writer = make_writer(
             settings.writer.name,

@@ -18,7 +18,16 @@ import numpy as np
 from collect_cli.writers.base import Writer
 from collect_cli.writers.episodes import COLUMNS, Rows
 
-JSON_ATTRS = ("observation_space", "action_space", "versions", "shards", "lane_steps", "resumed")
+JSON_ATTRS = (
+    "observation_space",
+    "action_space",
+    "versions",
+    "shards",
+    "lane_steps",
+    "resumed",
+    "sweep",
+    "merged",
+)
 FILL = {("collector", "traj_ids"): -1}  # frames not written yet are padding
 RESERVE_MARGIN = 1 << 20  # room for HDF5 metadata and for closing after a failed reservation
 CHUNK_MIN, CHUNK_TARGET, CHUNK_MAX = 256 << 10, 512 << 10, 1 << 20  # bytes per chunk

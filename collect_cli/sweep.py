@@ -1,0 +1,414 @@
+"""``rlcollect run -m``: a Hydra multirun, one job and one shard per combination.
+
+The CLI process plans the sweep: it splits Hydra's own overrides from the jobs',
+expands the jobs with Hydra's basic sweeper, and composes and validates every
+job (bad overrides, duplicate or existing shard paths: a usage error before any
+job starts). It then hands the sweep to Hydra's multirun machinery (the same
+``Hydra.multirun`` that ``@hydra.main`` calls, entered through the compose API's
+``initialize_config_dir``), which runs :class:`SweepJob` through whichever
+launcher plugin is configured: ``basic`` (in process, one after the other),
+``joblib``, ``submitit_local``, ``submitit_slurm``, ``ray``...
+
+:class:`SweepJob` is a picklable callable (launchers ship it to other processes
+or machines) that never raises: each job returns a result dict (its shard,
+frames, status, exit code, error), so one failed job leaves the other shards
+and the sweep's summary intact. Nothing here prints; plain progress lines go
+through :mod:`collect_cli.progress`, as for a single run.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
+
+from collect_cli import config
+from collect_cli.errors import CollectionError, ConfigError, RlcollectError
+
+log = logging.getLogger("rlcollect")
+
+EXIT_INTERRUPTED = 130
+# Hydra settings of a sweep unless the user sets them: no Hydra logging or log
+# files, no .hydra/ directories, and jobs run in the caller's directory
+HYDRA_DEFAULTS = {
+    "hydra/job_logging": "none",
+    "hydra/hydra_logging": "none",
+    "hydra.output_subdir": "null",
+    "hydra.job.chdir": "false",
+}
+SWEEP_DIR = "hydra.sweep.dir"
+_interrupted = False  # a job of this process was interrupted: start no more jobs
+
+
+def new_sweep_id() -> str:
+    return f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def shard_out(
+    settings: config.Settings, user_out: Any, sweep_id: str, job: int, count: int
+) -> Path:
+    """The shard path of job ``job``: ``out`` as configured (with its interpolations,
+    e.g. ``data/pend_s${seed}.h5``), else
+    ``data/<sweep id>/<env id>_<policy>_s<seed>_job<N>[.h5]``."""
+    if user_out:
+        return settings.out
+    name = config.default_out(
+        settings.env.id, settings.policy.name, settings.seed, settings.writer.name
+    ).name
+    suffix = ".h5" if settings.writer.name == "hdf5" else ""
+    stem = name[: -len(suffix)] if suffix else name
+    width = len(str(max(count - 1, 0)))
+    return Path("data") / sweep_id / f"{stem}_job{job:0{width}d}{suffix}"
+
+
+@dataclass
+class Plan:
+    """What a sweep will run, validated in the CLI process before any job starts."""
+
+    sweep_id: str
+    overrides: list[str]  # the user's overrides, as typed
+    hydra_overrides: list[str]  # hydra.* and hydra/... among them
+    jobs: list[list[str]]  # each job's overrides (Hydra's basic sweeper order = job numbers)
+    outs: list[Path]  # each job's shard path, relative to the caller's directory if relative
+    sweep_dir_given: bool = False
+
+
+@dataclass
+class Outcome:
+    summary: dict[str, Any]
+    exit_code: int
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    kept_dir: str | None = None  # launcher files kept for a post-mortem
+
+
+def _parse(overrides: list[str]) -> list[Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for line in overrides:  # one at a time, to name the one that does not parse
+        try:
+            parsed += parser.parse_overrides([line])
+        except HydraException as exc:
+            raise ConfigError(f"{line}: {config.hydra_error(exc)}") from None
+    return parsed
+
+
+def plan(overrides: list[str], cwd: Path) -> Plan:
+    """Expand and validate a sweep (raises UsageError subclasses, exit 2)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.errors import HydraException
+
+    parsed = _parse(overrides)
+    hydra_side = [o for o in parsed if o.is_hydra_override()]
+    for o in hydra_side:
+        if o.key_or_group == "hydra/sweeper":
+            raise ConfigError(
+                f"{o.input_line}: rlcollect sweeps with Hydra's basic sweeper only "
+                "(a grid over comma-separated values); choose a launcher with hydra/launcher="
+            )
+        if o.is_sweep_override():
+            raise ConfigError(f"{o.input_line}: Hydra's own settings cannot be swept")
+    try:
+        jobs = BasicSweeper.split_arguments([o for o in parsed if not o.is_hydra_override()], None)
+    except HydraException as exc:
+        raise config.hydra_error(exc) from None
+    jobs = [job for batch in jobs for job in batch]
+    sweep_id = new_sweep_id()
+    hydra_overrides = [o.input_line for o in hydra_side]
+    outs = _validate_jobs(jobs, hydra_overrides, sweep_id, cwd)
+
+    seen: dict[Path, int] = {}
+    for num, out in enumerate(outs):
+        where = (cwd / out).resolve()
+        if where in seen:
+            raise ConfigError(
+                f"jobs {seen[where]} and {num} would both write {str(out)!r}: put a swept key in "
+                "out (e.g. out='data/run_s${seed}.h5') or leave out unset for one shard per job"
+            )
+        seen[where] = num
+    return Plan(
+        sweep_id=sweep_id,
+        overrides=list(overrides),
+        hydra_overrides=hydra_overrides,
+        jobs=jobs,
+        outs=outs,
+        sweep_dir_given=any(o.key_or_group == SWEEP_DIR for o in hydra_side),
+    )
+
+
+def _validate_jobs(
+    jobs: list[list[str]], hydra_overrides: list[str], sweep_id: str, cwd: Path
+) -> list[Path]:
+    """Compose every job as its launcher will, with ``hydra.job.num`` set (so that
+    ``${hydra:job.num}`` resolves); return each job's shard path."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+
+    from collect_cli.writers import check_output
+
+    config.register()
+    outs = []
+    hydra_config = HydraConfig.instance()
+    previous = hydra_config.cfg
+    try:
+        with initialize_config_dir(
+            config_dir=str(config.conf_dir()), version_base=None, job_name="rlcollect"
+        ):
+            try:  # Hydra's own settings first: their errors concern no job in particular
+                compose("config", overrides=hydra_overrides, return_hydra_config=True)
+            except (HydraException, OmegaConfBaseException) as exc:
+                raise config.hydra_error(exc) from None
+            for num, job in enumerate(jobs):
+                try:
+                    cfg = compose(
+                        "config", overrides=[*hydra_overrides, *job], return_hydra_config=True
+                    )
+                    with read_write(cfg.hydra.job), open_dict(cfg.hydra.job):
+                        cfg.hydra.job.num = num
+                    hydra_config.set_config(cfg)
+                    job_cfg = _without_hydra(cfg)
+                    settings = config.load(job_cfg)
+                    out = shard_out(settings, job_cfg.out, sweep_id, num, len(jobs))
+                    if not settings.resume:
+                        check_output(cwd / out, settings.overwrite)
+                except (HydraException, OmegaConfBaseException) as exc:
+                    raise _job_error(num, job, config.hydra_error(exc)) from None
+                except RlcollectError as exc:
+                    raise _job_error(num, job, exc) from None
+                outs.append(out)
+    finally:
+        hydra_config.cfg = previous
+    return outs
+
+
+def _without_hydra(cfg: DictConfig) -> DictConfig:
+    job_cfg = copy.deepcopy(cfg)
+    with read_write(job_cfg), open_dict(job_cfg):
+        del job_cfg["hydra"]
+    return job_cfg
+
+
+def readable(override: str) -> str:
+    """An override as typed: Hydra hands job overrides back with ``\\`` escapes."""
+    return re.sub(r"\\(.)", r"\1", override)
+
+
+def _job_error(num: int, job: list[str], exc: RlcollectError) -> RlcollectError:
+    shown = " ".join(readable(o) for o in job) or "no overrides"
+    return type(exc)(f"job {num} ({shown}): {exc}")
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """Hydra's task function for one job of a sweep; picklable, never raises."""
+
+    sweep_id: str
+    overrides: tuple[str, ...]  # the whole sweep's overrides
+    count: int
+    cwd: str  # relative shard paths resolve here, wherever the launcher runs the job
+
+    def __call__(self, cfg: DictConfig) -> dict[str, Any]:
+        global _interrupted
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get()
+        num = int(hydra_cfg.job.num)
+        result: dict[str, Any] = {
+            "job": num,
+            "overrides": [readable(str(o)) for o in hydra_cfg.overrides.task],
+            "path": None,
+            "frames": None,
+            "episodes": None,
+            "seconds": None,
+            "frames_per_s": None,
+            "status": "failed",
+            "exit_code": 1,
+        }
+        if _interrupted:
+            result.update(
+                status="skipped",
+                exit_code=EXIT_INTERRUPTED,
+                error="not started: the sweep was interrupted",
+            )
+            return result
+        debug = False
+        try:
+            debug = bool(cfg.get("debug", False))
+            settings = config.load(cfg)
+            out = shard_out(settings, cfg.out, self.sweep_id, num, self.count)
+            result["path"] = str(out)
+            settings.out = out if out.is_absolute() else Path(self.cwd) / out
+            settings.extra_metadata = {
+                "sweep": {
+                    "id": self.sweep_id,
+                    "overrides": list(self.overrides),
+                    "job": num,
+                    "jobs": self.count,
+                    "job_overrides": result["overrides"],
+                }
+            }
+            done = self._collect(settings, num)
+            code = EXIT_INTERRUPTED if done.status == "interrupted" else 0
+            result.update(
+                frames=done.frames,
+                episodes=done.episodes,
+                seconds=done.seconds,
+                frames_per_s=done.frames_per_s,
+                status=done.status,
+                exit_code=code,
+            )
+        except RlcollectError as exc:
+            result.update(exit_code=exc.exit_code, error=str(exc))
+            worker_trace = getattr(exc, "worker_traceback", None)
+            if debug:
+                result["traceback"] = traceback.format_exc() + (worker_trace or "")
+        except OmegaConfBaseException as exc:
+            result.update(exit_code=2, error=str(config.hydra_error(exc)))
+        except KeyboardInterrupt:
+            result.update(status="interrupted", exit_code=EXIT_INTERRUPTED, error="interrupted")
+        except Exception as exc:
+            hint = "rerun with debug=true for a traceback"
+            result.update(error=f"unexpected {type(exc).__name__}: {exc} ({hint})")
+            if debug:
+                result["traceback"] = traceback.format_exc()
+        if result["exit_code"] == EXIT_INTERRUPTED:
+            _interrupted = True
+        return result
+
+    @staticmethod
+    def _collect(settings: config.Settings, num: int):
+        from collect_cli.progress import make_progress
+        from collect_cli.run import run
+
+        if not logging.getLogger().handlers and not log.handlers:  # a launcher's process
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(
+                logging.Formatter(f"rlcollect: job {num}: %(levelname)s: %(message)s")
+            )
+            log.addHandler(handler)
+            log.setLevel(logging.DEBUG if settings.debug else logging.WARNING)
+            log.propagate = False
+        # a sweep never draws Rich bars: jobs may run side by side, or far from a terminal
+        mode = "none" if settings.progress == "none" else "plain"
+        progress = make_progress(mode, label=f"job {num}")
+        try:
+            return run(settings, progress)
+        finally:
+            progress.close()
+
+
+def _launch_overrides(sweep: Plan, sweep_dir: str | None) -> list[str]:
+    given = {o.split("=", 1)[0].lstrip("+~") for o in sweep.hydra_overrides}
+    out = [f"{k}={v}" for k, v in HYDRA_DEFAULTS.items() if k not in given]
+    if sweep_dir is not None:
+        out.append(f"{SWEEP_DIR}='{sweep_dir}'")
+    return out + sweep.overrides
+
+
+def run_sweep(overrides: list[str], cwd: Path) -> Outcome:
+    """Plan, launch and summarise a sweep (usage errors raise before any job starts)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    sweep = plan(overrides, cwd)
+    # Hydra needs a sweep directory (job dirs, multirun.yaml; submitit's pickles and
+    # logs). Unless hydra.sweep.dir is given, a temporary one, removed afterwards
+    # unless a job failed and it holds launcher logs.
+    temp_dir = (
+        None if sweep.sweep_dir_given else tempfile.mkdtemp(prefix=f"rlcollect-{sweep.sweep_id}-")
+    )
+    job = SweepJob(sweep.sweep_id, tuple(overrides), len(sweep.jobs), str(cwd))
+    try:
+        with initialize_config_dir(
+            config_dir=str(config.conf_dir()), version_base=None, job_name="rlcollect"
+        ):
+            hydra = GlobalHydra.instance().hydra
+            returns = hydra.multirun(
+                config_name="config",
+                task_function=job,
+                overrides=_launch_overrides(sweep, temp_dir),
+                with_log_configuration=False,
+            )
+    except (HydraException, OmegaConfBaseException) as exc:
+        _cleanup(temp_dir, keep=False)
+        raise config.hydra_error(exc) from None
+    except Exception as exc:
+        kept = temp_dir if temp_dir and _has_logs(temp_dir) else None
+        _cleanup(temp_dir, keep=kept is not None)
+        where = f"; launcher files in {kept}" if kept else ""
+        raise CollectionError(
+            f"the sweep's launcher failed: {type(exc).__name__}: {exc}{where}"
+        ) from exc
+    results = [_result(ret, num) for num, ret in enumerate(r for batch in returns for r in batch)]
+    failed = [r for r in results if r["exit_code"] != 0]
+    keep = bool(failed) and temp_dir is not None and _has_logs(temp_dir)
+    _cleanup(temp_dir, keep=keep)
+    if not failed:
+        status = "complete"
+    elif all(r["exit_code"] == EXIT_INTERRUPTED for r in failed):
+        status = "interrupted"
+    else:
+        status = "failed"
+    summary = {
+        "sweep": sweep.sweep_id,
+        "status": status,
+        "jobs": len(results),
+        "failed": len(failed),
+        "frames": sum(r["frames"] or 0 for r in results),
+        "shards": [{k: v for k, v in r.items() if k != "traceback"} for r in results],
+    }
+    return Outcome(
+        summary=summary,
+        exit_code=failed[0]["exit_code"] if failed else 0,
+        failed=failed,
+        kept_dir=temp_dir if keep else None,
+    )
+
+
+def _result(ret: Any, num: int) -> dict[str, Any]:
+    """A job's result dict; a job whose task function raised anyway counts as failed."""
+    error = "the job returned nothing"
+    try:
+        value = ret.return_value
+    except Exception as exc:
+        value = None
+        error = f"{type(exc).__name__}: {exc}"
+    if isinstance(value, dict):
+        return value
+    return {
+        "job": num,
+        "overrides": list(getattr(ret, "overrides", None) or []),
+        "path": None,
+        "frames": None,
+        "episodes": None,
+        "seconds": None,
+        "frames_per_s": None,
+        "status": "failed",
+        "exit_code": 1,
+        "error": error if value is None else f"unexpected job result {value!r}",
+    }
+
+
+def _has_logs(directory: str) -> bool:
+    return (Path(directory) / ".submitit").exists()
+
+
+def _cleanup(directory: str | None, keep: bool) -> None:
+    if directory and not keep:
+        shutil.rmtree(directory, ignore_errors=True)

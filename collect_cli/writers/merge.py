@@ -1,0 +1,437 @@
+"""Merge shards (the datasets of one sweep, or any compatible datasets) into one.
+
+The merged dataset concatenates the shards' lanes in the order given and pads
+time to the longest shard: padding holds ``collector/mask`` False and
+``collector/traj_ids`` -1, like any padding. Trajectory ids are offset per shard
+(by the ids the shards before it used) so they stay unique, in the frames and
+in ``episodes/traj_id``; ``episodes/lane`` is offset by the lanes before it.
+Frames a shard did not commit (past its ``lane_steps``) are padding too.
+
+HDF5 shards merge by default into virtual datasets (no frame data copied): each
+frame key maps the shards' arrays, whose file names are stored relative to the
+merged file's directory, so a directory holding the shards and the merged file
+can move as a whole. ``collector/traj_ids`` (rewritten) and ``episodes/`` are
+real datasets. ``copy=True`` writes a self-contained file. Memmap shards are
+always copied (a memmap dataset is one file per key).
+
+The merged dataset is written under a temporary name beside ``dest`` and renamed
+into place at the end, so a failure leaves nothing at ``dest``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from collect_cli import __version__
+from collect_cli.errors import MergeError, OutputError, WriteError
+from collect_cli.writers import Dataset, open_dataset
+from collect_cli.writers.base import FORMAT_VERSION, now, remove_output
+from collect_cli.writers.episodes import COLUMNS, Rows, concat_rows
+
+TRAJ, MASK = "collector/traj_ids", "collector/mask"
+WINDOW_BYTES = 32 << 20  # copies go through memory in blocks of about this size
+REQUIRED_META = ("format_version", "status", "frames", "steps", "episodes", "lanes", "env_id")
+SAME = (
+    ("env_id", "env"),
+    ("observation_space", "observation space"),
+    ("action_space", "action space"),
+)
+
+
+@dataclass
+class Shard:
+    path: Path
+    ds: Dataset
+    arrays: dict[str, tuple[tuple[int, ...], str]]  # frame key -> (shape on disk, dtype)
+    lanes: int
+    steps: int
+    lane_steps: np.ndarray  # committed time steps per lane
+    rows: Rows  # its episodes (plus rows for episodes a crash left running)
+    lane_offset: int = 0
+    traj_offset: int = 0
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.ds.meta
+
+    @property
+    def whole(self) -> bool:
+        """Every lane committed up to ``steps``: one block maps the shard."""
+        return bool((self.lane_steps == self.steps).all())
+
+
+def _load(path: Path) -> Shard:
+    ds = open_dataset(path)  # OutputError (exit 2) for a missing or unreadable path
+    meta = ds.meta
+    lacking = [key for key in REQUIRED_META if key not in meta]
+    if lacking:
+        raise MergeError(f"{str(path)!r} is not an rlcollect dataset: no {lacking[0]!r} metadata")
+    arrays = {k: (tuple(s), d) for k, s, d in ds.describe() if not k.startswith("episodes/")}
+    if not meta["frames"] or TRAJ not in arrays or MASK not in arrays:
+        raise MergeError(f"shard {str(path)!r} holds no committed frames: leave it out")
+    lanes, steps = int(meta["lanes"]), int(meta["steps"])
+    lane_steps = np.asarray(meta.get("lane_steps") or [steps] * lanes, np.int64)
+    count = int(meta["episodes"])
+    rows = {name: np.asarray(column[:count]) for name, column in ds.episodes().items()}
+    shard = Shard(path, ds, arrays, lanes, steps, lane_steps, rows)
+    if meta["status"] == "running":  # killed: its running episodes have no row yet
+        shard.rows = concat_rows([rows, _tail_rows(shard)])
+    return shard
+
+
+def _tail_rows(shard: Shard) -> Rows:
+    """Rows (``complete`` False) for each lane's last trajectory when it has none."""
+    with _reader(shard) as read:
+        traj, mask = np.asarray(read(TRAJ)), np.asarray(read(MASK))
+        reward = np.asarray(read("next/reward")).reshape(traj.shape)
+    known = set(shard.rows["traj_id"].tolist())
+    found = []
+    for lane, committed in enumerate(shard.lane_steps):
+        valid = np.flatnonzero(mask[lane, :committed])
+        if not len(valid) or int(traj[lane, valid[-1]]) in known:
+            continue
+        frames = valid[traj[lane, valid] == traj[lane, valid[-1]]]
+        ret = float(reward[lane, frames].sum(dtype=np.float64))
+        found.append((traj[lane, valid[-1]], lane, frames[0], len(frames), ret))
+    columns = list(zip(*found, strict=True)) if found else [[]] * 5
+    rows = {name: np.zeros(len(found), bool) for name in ("terminated", "truncated", "complete")}
+    for name, values in zip(("traj_id", "lane", "start", "length", "return"), columns, strict=True):
+        rows[name] = np.asarray(values, COLUMNS[name])
+    return {name: rows[name] for name in COLUMNS}
+
+
+@contextlib.contextmanager
+def _reader(shard: Shard) -> Iterator[Callable[[str], Any]]:
+    """``read(key)``: a sliceable array of the shard (h5py dataset or memory map)."""
+    if shard.ds.backend == "hdf5":
+        import h5py
+
+        with h5py.File(shard.path, "r", locking=False) as f:
+            yield lambda key: f[key]
+    else:
+        td = shard.ds.load()
+        yield lambda key: td.get(tuple(key.split("/"))).numpy()
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check(shards: list[Shard], allow_incomplete: bool) -> None:
+    """Raise :class:`MergeError` naming the first difference that forbids a merge."""
+    first = shards[0]
+    p0 = str(first.path)
+    for shard in shards:
+        p = str(shard.path)
+        status = shard.meta["status"]
+        if status != "complete" and not allow_incomplete:
+            raise MergeError(
+                f"shard {p!r} is not complete (status {status}): pass --allow-incomplete "
+                "to merge the frames it committed, or leave it out"
+            )
+        if shard.ds.backend != first.ds.backend:
+            raise MergeError(
+                f"shards differ in backend: {p0!r} is {first.ds.backend}, {p!r} is "
+                f"{shard.ds.backend}: merge shards of one writer"
+            )
+        for key, what in SAME:
+            if shard.meta.get(key) != first.meta.get(key):
+                raise MergeError(
+                    f"shards differ in {what}: {p0!r} has {_short(first.meta.get(key))}, "
+                    f"{p!r} has {_short(shard.meta.get(key))}"
+                )
+        for a, b in ((first, shard), (shard, first)):
+            extra = sorted(set(a.arrays) - set(b.arrays))
+            if extra:
+                raise MergeError(
+                    f"shards differ in keys: {str(a.path)!r} has {extra[0]!r}, "
+                    f"{str(b.path)!r} has not"
+                )
+        for key, (shape, dtype) in shard.arrays.items():
+            ref_shape, ref_dtype = first.arrays[key]
+            if dtype != ref_dtype:
+                raise MergeError(
+                    f"shards differ in the dtype of {key!r}: {ref_dtype} in {p0!r}, "
+                    f"{dtype} in {p!r}"
+                )
+            if shape[2:] != ref_shape[2:]:
+                raise MergeError(
+                    f"shards differ in the shape of {key!r}: {list(ref_shape[2:])} per frame "
+                    f"in {p0!r}, {list(shape[2:])} in {p!r}"
+                )
+
+
+def _place(shards: list[Shard]) -> None:
+    lanes = traj = 0
+    for shard in shards:
+        shard.lane_offset, shard.traj_offset = lanes, traj
+        lanes += shard.lanes
+        ids = shard.rows["traj_id"]
+        traj += int(ids.max()) + 1 if len(ids) else 0
+
+
+def _rows(shards: list[Shard]) -> Rows:
+    parts = []
+    for shard in shards:
+        rows = dict(shard.rows)
+        rows["traj_id"] = rows["traj_id"] + shard.traj_offset
+        rows["lane"] = rows["lane"] + shard.lane_offset
+        parts.append(rows)
+    return {k: np.ascontiguousarray(v, COLUMNS[k]) for k, v in concat_rows(parts).items()}
+
+
+def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dict[str, Any]:
+    first = shards[0].meta
+
+    def joined(key: str) -> Any:
+        values = list(dict.fromkeys(str(s.meta.get(key)) for s in shards))
+        return values[0] if len(values) == 1 else "+".join(values)
+
+    sweeps = {json.dumps(s.meta.get("sweep", {}).get("id")) for s in shards}
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "backend": shards[0].ds.backend,
+        "status": "complete"
+        if all(s.meta["status"] == "complete" for s in shards)
+        else "interrupted",
+        "rlcollect_version": __version__,
+        "versions": first.get("versions"),
+        "env_id": first["env_id"],
+        "env_preset": first.get("env_preset"),
+        "env_backend": first.get("env_backend"),
+        "observation_space": first.get("observation_space"),
+        "action_space": first.get("action_space"),
+        "policy": joined("policy"),
+        "collector": joined("collector"),
+        "config": first.get("config", ""),  # the first shard's; each shard's seed is in shards
+        "start_time": min(str(s.meta.get("start_time") or "") for s in shards) or None,
+        "end_time": max(str(s.meta.get("end_time") or "") for s in shards) or None,
+        "frames": sum(int(s.meta["frames"]) for s in shards),
+        "steps": max(s.steps for s in shards),
+        "episodes": len(rows["traj_id"]),
+        "lanes": sum(s.lanes for s in shards),
+        "lane_steps": [int(n) for s in shards for n in s.lane_steps],
+        "merged": {"time": now(), "mode": "virtual" if virtual else "copy"},
+        "shards": [_shard_entry(s, dest) for s in shards],
+    }
+    if len(sweeps) == 1 and "sweep" in first:
+        sweep = first["sweep"]
+        meta["sweep"] = {"id": sweep.get("id"), "overrides": sweep.get("overrides")}
+    return meta
+
+
+def _shard_entry(shard: Shard, dest: Path) -> dict[str, Any]:
+    sweep = shard.meta.get("sweep") or {}
+    return {
+        "path": os.path.relpath(shard.path.resolve(), dest.resolve().parent),
+        "seed": shard.meta.get("seed"),
+        "frames": int(shard.meta["frames"]),
+        "episodes": len(shard.rows["traj_id"]),
+        "lanes": shard.lanes,
+        "steps": shard.steps,
+        "status": shard.meta["status"],
+        "lane_offset": shard.lane_offset,
+        "traj_id_offset": shard.traj_offset,
+        "sweep_job": sweep.get("job"),
+        "sweep_jobs": sweep.get("jobs"),
+    }
+
+
+def _copy_key(shard: Shard, read: Callable[[str], Any], key: str, dst: Any) -> None:
+    """Copy the shard's committed ``key`` into ``dst[lanes of the shard, :steps]``."""
+    shape, _ = shard.arrays[key]
+    src = read(key)
+    row = max(1, int(np.prod(shape[2:], dtype=np.int64))) * np.dtype(_np_dtype(src)).itemsize
+    window = max(1, WINDOW_BYTES // (row * shard.lanes))
+    lanes = slice(shard.lane_offset, shard.lane_offset + shard.lanes)
+    for t0 in range(0, shard.steps, window):
+        t1 = min(shard.steps, t0 + window)
+        block = np.asarray(src[:, t0:t1])
+        if key in (TRAJ, MASK):
+            beyond = np.arange(t0, t1)[None, :] >= shard.lane_steps[:, None]
+            if key == TRAJ:
+                block = np.where((block >= 0) & ~beyond, block + shard.traj_offset, -1)
+            else:
+                block = block & ~beyond
+        dst[lanes, t0:t1] = block
+
+
+def _np_dtype(array: Any) -> np.dtype:
+    return np.dtype(array.dtype)
+
+
+def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], copy: bool, meta, rows) -> None:
+    import h5py
+
+    from collect_cli.writers.hdf5 import encode_attrs
+
+    lanes, steps = meta["lanes"], meta["steps"]
+    readers = contextlib.ExitStack()
+    with readers, h5py.File(tmp, "w", locking=False) as f:
+        reads = [readers.enter_context(_reader(s)) for s in shards]
+        for key, (shape, _) in shards[0].arrays.items():
+            feat = shape[2:]
+            dtype = _np_dtype(reads[0](key))
+            fill = -1 if key == TRAJ else 0
+            if copy or key == TRAJ:
+                row = max(1, int(np.prod(feat, dtype=np.int64))) * dtype.itemsize
+                chunk = max(1, min(1024, steps, (1 << 20) // row))
+                ds = f.create_dataset(
+                    key,
+                    shape=(lanes, steps, *feat),
+                    dtype=dtype,
+                    chunks=(1, chunk, *feat),
+                    fillvalue=fill,
+                )
+                for shard, read in zip(shards, reads, strict=True):
+                    _copy_key(shard, read, key, ds)
+                continue
+            layout = h5py.VirtualLayout(shape=(lanes, steps, *feat), dtype=dtype)
+            for shard in shards:
+                # relative to the merged file's directory: HDF5 looks there first
+                name = os.path.relpath(shard.path.resolve(), dest.resolve().parent)
+                src = h5py.VirtualSource(name, key, shape=shard.arrays[key][0], dtype=dtype)
+                lo = shard.lane_offset
+                if shard.whole:
+                    layout[lo : lo + shard.lanes, : shard.steps] = src[:, : shard.steps]
+                    continue
+                for lane, committed in enumerate(shard.lane_steps.tolist()):
+                    if committed:
+                        layout[lo + lane, :committed] = src[lane, :committed]
+            f.create_virtual_dataset(key, layout, fillvalue=fill)
+        for name in COLUMNS:
+            f.create_dataset(f"episodes/{name}", data=rows[name])
+        encode_attrs(f.attrs, meta)
+    _fsync(tmp)
+
+
+def _write_memmap(tmp: Path, shards: list[Shard], meta, rows) -> None:
+    from collect_cli.writers.memmap import META_FILE, TD_CLASS, td_meta_tree, write_json
+
+    lanes, steps = meta["lanes"], meta["steps"]
+    tmp.mkdir()
+    leaves: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]] = {}
+    with contextlib.ExitStack() as readers:
+        reads = [readers.enter_context(_reader(s)) for s in shards]
+        for key, (shape, _) in shards[0].arrays.items():
+            parts = tuple(key.split("/"))
+            file = tmp.joinpath(*parts[:-1], parts[-1] + ".memmap")
+            file.parent.mkdir(parents=True, exist_ok=True)
+            full = (lanes, steps, *shape[2:])
+            dtype = _np_dtype(reads[0](key))
+            dst = np.memmap(file, dtype=dtype, mode="w+", shape=full)  # zeros: mask False
+            for shard, read in zip(shards, reads, strict=True):
+                _copy_key(shard, read, key, dst)
+                if key == TRAJ:
+                    dst[shard.lane_offset : shard.lane_offset + shard.lanes, shard.steps :] = -1
+            dst.flush()
+            del dst
+            leaves[parts] = (full, dtype)
+    (tmp / "episodes").mkdir()
+    for name, dtype in COLUMNS.items():
+        with open(tmp / "episodes" / f"{name}.memmap", "wb") as f:
+            f.write(np.ascontiguousarray(rows[name], dtype).tobytes())
+            os.fsync(f.fileno())
+        leaves[("episodes", name)] = ((len(rows[name]),), dtype)
+    for key, content in td_meta_tree(leaves).items():
+        content.update(shape=[len(rows["traj_id"])] if key == ("episodes",) else [])
+        content.update(device="cpu", **TD_CLASS)
+        content["_class"] = "tensordict:TensorDict"
+        write_json(tmp.joinpath(*key, "meta.json"), content)
+    write_json(tmp / META_FILE, meta, sync=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _install(tmp: Path, dest: Path) -> None:
+    """Move the finished ``tmp`` to ``dest``, replacing what is there (``--overwrite``)."""
+    if not dest.exists():
+        os.rename(tmp, dest)
+    elif tmp.is_dir() and dest.is_dir() and not dest.is_symlink():
+        from collect_cli.writers.memmap import exchange
+
+        exchange(tmp, dest)  # atomic swap; tmp now holds the old dataset
+        remove_output(tmp)
+    elif tmp.is_file() and dest.is_file():
+        os.replace(tmp, dest)
+    else:
+        remove_output(dest)
+        os.rename(tmp, dest)
+
+
+def merge(
+    paths: list[str | Path],
+    dest: str | Path,
+    *,
+    copy: bool = False,
+    allow_incomplete: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Merge the datasets at ``paths`` into ``dest``; return a summary of the result."""
+    dest = Path(dest)
+    if not paths:
+        raise MergeError("name the shards to merge")
+    if dest.exists() and not overwrite:
+        raise OutputError(f"output {str(dest)!r} already exists: pass --overwrite or another --out")
+    shards = [_load(Path(p)) for p in paths]
+    seen: dict[Path, Path] = {}
+    for shard in shards:
+        where = shard.path.resolve()
+        if where in seen:
+            raise MergeError(f"shard {str(shard.path)!r} is named twice: each shard merges once")
+        seen[where] = shard.path
+    if dest.resolve() in seen:
+        raise MergeError(f"--out {str(dest)!r} is one of the shards: merge into a new path")
+    _check(shards, allow_incomplete)
+    _place(shards)
+    rows = _rows(shards)
+    backend = shards[0].ds.backend
+    virtual = backend == "hdf5" and not copy
+    meta = _metadata(shards, dest, rows, virtual)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create {str(dest.parent)!r}: {exc.strerror or exc}") from None
+    tmp = dest.with_name(f".{dest.name}.merging-{os.getpid()}")
+    try:
+        if tmp.exists():
+            remove_output(tmp)
+        if backend == "hdf5":
+            _write_hdf5(tmp, dest, shards, copy, meta, rows)
+        else:
+            _write_memmap(tmp, shards, meta, rows)
+        _install(tmp, dest)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            remove_output(tmp)
+        if isinstance(exc, OSError):
+            raise WriteError(
+                f"merging into {str(dest)!r} failed: {exc.strerror or exc}; nothing was written"
+            ) from exc
+        raise
+    return {
+        "path": str(dest),
+        "backend": backend,
+        "mode": meta["merged"]["mode"],
+        "shards": len(shards),
+        "frames": meta["frames"],
+        "episodes": meta["episodes"],
+        "lanes": meta["lanes"],
+        "steps": meta["steps"],
+        "status": meta["status"],
+    }
