@@ -93,6 +93,13 @@ def export(
     elif dataset_id is not None:
         raise UsageError("--dataset-id applies to --format minari only")
     ds = open_dataset(source)
+    postproc = ds.meta.get("postproc") or {}
+    if postproc.get("name", "none") != "none":
+        raise UsageError(
+            f"{str(source)!r} holds {postproc['name']} transitions (postproc="
+            f"{postproc['name']}); {fmt} holds 1-step transitions: export a dataset "
+            "collected with postproc=none"
+        )
     _check_out(source, out, fmt, overwrite)
     problems = validate(source)
     if problems:
