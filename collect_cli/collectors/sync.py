@@ -117,11 +117,22 @@ class SyncCollector(CollectorBase):
 
     # -- set-up -----------------------------------------------------------------------
     def _policy_input(self, obs: list[np.ndarray]) -> TensorDict:
-        data = {
-            k: torch.from_numpy(np.asarray(a)) for k, a in zip(self._obs_keys, obs, strict=True)
-        }
-        td = TensorDict(data, batch_size=[self.num_envs])
-        return td.to(self.device) if self.device.type != "cpu" else td
+        """The policy's input TensorDict. On CPU one TensorDict over persistent
+        arrays is refilled each step (building a TensorDict costs more than a step
+        of a classic-control env); the policy's own outputs in it are overwritten."""
+        if self.device.type != "cpu":
+            data = {
+                k: torch.from_numpy(np.asarray(a)) for k, a in zip(self._obs_keys, obs, strict=True)
+            }
+            return TensorDict(data, batch_size=[self.num_envs]).to(self.device)
+        if getattr(self, "_input", None) is None:
+            arrays = [np.array(a) for a in obs]
+            data = {k: torch.from_numpy(a) for k, a in zip(self._obs_keys, arrays, strict=True)}
+            self._input = (arrays, TensorDict(data, batch_size=[self.num_envs]))
+        arrays, td = self._input
+        for dst, src in zip(arrays, obs, strict=True):
+            np.copyto(dst, src)
+        return td
 
     def _allocate(self) -> TensorDict:
         """Dry-run the policy once to learn its outputs, check them, allocate the batch."""

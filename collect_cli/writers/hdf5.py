@@ -63,15 +63,26 @@ def chunk_cache(chunk_bytes: int, lanes: int) -> dict[str, Any]:
     return {"rdcc_nbytes": nbytes, "rdcc_nslots": slots, "rdcc_w0": 1.0}
 
 
-def encode_attrs(attrs: h5py.AttributeManager, meta: dict[str, Any]) -> None:
+def encode_attrs(
+    attrs: h5py.AttributeManager, meta: dict[str, Any], written: dict[str, Any] | None = None
+) -> None:
+    """Store ``meta`` as root attributes (dicts and lists as JSON text).
+
+    ``written`` remembers what was stored: unchanged attributes are not rewritten
+    (a commit per batch would otherwise rewrite every one of them).
+    """
     for key, value in meta.items():
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value)
+        if written is not None and key in written and written[key] == value:
+            continue
         if value is None:
             if key in attrs:
                 del attrs[key]
-        elif isinstance(value, (dict, list)):
-            attrs[key] = json.dumps(value)
         else:
             attrs[key] = value
+        if written is not None:
+            written[key] = value
 
 
 def decode_attrs(attrs: h5py.AttributeManager) -> dict[str, Any]:
@@ -95,6 +106,7 @@ class Hdf5Writer(Writer):
         self.compression = None if compression == "none" else compression
         self.chunk_frames = chunk_frames
         self._file: h5py.File | None = None
+        self._attrs_written: dict[str, Any] = {}  # root attributes as last stored
         self._frames: dict[tuple[str, ...], h5py.Dataset] = {}
         self._episodes: dict[str, h5py.Dataset] = {}
         self._fd: int | None = None
@@ -114,7 +126,7 @@ class Hdf5Writer(Writer):
         self._file = h5py.File(self.path, "w", locking=False)
         self._fd = os.open(self.path, os.O_RDWR)
         self._reserve(0)
-        encode_attrs(self._file.attrs, self.meta)
+        encode_attrs(self._file.attrs, self.meta, self._attrs_written)
         for name, dtype in COLUMNS.items():
             self._episodes[name] = self._file.create_dataset(
                 f"episodes/{name}", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(4096,)
@@ -193,7 +205,7 @@ class Hdf5Writer(Writer):
             ds[start : start + count] = rows[name]
 
     def _commit(self) -> None:
-        encode_attrs(self._file.attrs, self.meta)
+        encode_attrs(self._file.attrs, self.meta, self._attrs_written)
         self._file.flush()
 
     def _close(self) -> None:
