@@ -29,6 +29,12 @@ class EnvFactory:
             return GymnasiumVecEnv(
                 self.env_id, self.num_envs, dict(self.kwargs), tuple(self.info_keys)
             )
+        if self.backend == "envpool":
+            from collect_cli.envs.envpool import EnvpoolVecEnv
+
+            return EnvpoolVecEnv(
+                self.env_id, self.num_envs, dict(self.kwargs), tuple(self.info_keys)
+            )
         raise UsageError(f"unknown env.backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
 
 
