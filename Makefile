@@ -35,6 +35,7 @@ format: $(STAMP)  ## apply ruff fixes and formatting
 
 bench: $(STAMP)  ## throughput benchmarks; appends to benchmarks/RESULTS.md
 	$(BIN)/python benchmarks/bench.py
+	$(BIN)/python benchmarks/memory.py
 
 clean:  ## remove the venv and build artefacts
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

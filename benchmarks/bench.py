@@ -30,6 +30,9 @@ from collect_cli import config
 from collect_cli.policies import build_policy
 from collect_cli.run import run
 
+sys.path.insert(0, str(Path(__file__).parent))
+import contenders
+
 PRESETS = {"Pendulum": "Pendulum-v1", "CartPole": "CartPole-v1"}
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
@@ -55,7 +58,14 @@ def plain_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> flo
 
 
 def rlcollect(
-    env: str, num_envs: int, policy: str, collector: str, writer: str, frames: int, out: Path
+    env: str,
+    num_envs: int,
+    policy: str,
+    collector: str,
+    writer: str,
+    frames: int,
+    out: Path,
+    *extra: str,
 ) -> float:
     """A full ``rlcollect run``: collector, episodes table, writer, commits."""
     settings = config.load(
@@ -70,6 +80,7 @@ def rlcollect(
                 f"out={out}",
                 "overwrite=true",
                 "progress=none",
+                *extra,
             ]
         )
     )
@@ -99,32 +110,72 @@ def main() -> None:
     parser.add_argument("--writers", nargs="+", default=["hdf5", "memmap"])
     parser.add_argument("--collectors", nargs="+", default=["sync", "multisync"])
     parser.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument(
+        "--contenders",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="TorchRL and Minari on the same job, when installed",
+    )
+    parser.add_argument(
+        "--envpool",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="rlcollect with env.backend=envpool (256 envs, 2 threads), when installed",
+    )
     args = parser.parse_args()
     frames = int(args.frames)
     torch.set_num_threads(1)
 
     rows = []
+    notes = []
     tmp = Path(tempfile.mkdtemp(prefix="rlcollect-bench-"))
+
+    def record(env: str, policy: str, name: str, fps: float, base: float) -> None:
+        rows.append((env, policy, name, fps, fps / base))
+        print(f"{env:9s} {policy:7s} {name:34s} {fps:10.0f} frames/s  ({fps / base:.2f}x plain)")
+
     try:
         for env in args.envs:
             for policy in args.policies:
                 base = plain_loop(PRESETS[env], args.num_envs, policy, frames)
-                rows.append((env, policy, "plain gymnasium loop", base, 1.0))
-                print(f"{env:9s} {policy:7s} {'plain loop':28s} {base:10.0f} frames/s", flush=True)
+                record(env, policy, "plain gymnasium loop", base, base)
                 for collector in args.collectors:
                     for writer in args.writers:
                         out = tmp / writer
                         fps = rlcollect(env, args.num_envs, policy, collector, writer, frames, out)
-                        name = f"rlcollect {collector}, {writer}"
-                        rows.append((env, policy, name, fps, fps / base))
-                        print(
-                            f"{env:9s} {policy:7s} {name:28s} {fps:10.0f} frames/s"
-                            f"  ({fps / base:.2f}x plain)",
-                            flush=True,
+                        record(env, policy, f"rlcollect {collector}, {writer}", fps, base)
+                if args.contenders and contenders.available("torchrl"):
+                    for workers in (0, 2):
+                        lanes = args.num_envs // max(1, workers)
+                        fps = contenders.torchrl_run(
+                            PRESETS[env], lanes, policy, frames, tmp / f"trl{workers}", workers
                         )
+                        name = "TorchRL MultiSync x2" if workers else "TorchRL SyncDataCollector"
+                        record(env, policy, f"{name}, memmap", fps, base)
+                if args.contenders and contenders.available("minari"):
+                    fps = contenders.minari_run(PRESETS[env], policy, frames, tmp / "minari")
+                    record(env, policy, "Minari DataCollector, hdf5", fps, base)
+        if args.envpool and contenders.available("envpool"):
+            base = next(
+                (r[3] for r in rows if r[:3] == ("Pendulum", "random", "plain gymnasium loop")),
+                None,
+            )
+            base = base or plain_loop("Pendulum-v1", args.num_envs, "random", frames)
+            fps = rlcollect(
+                "Pendulum", 256, "random", "sync", "hdf5", max(frames, 2_000_000), tmp / "ep.h5",
+                "env.backend=envpool", "frames_per_batch=25600", "+env.kwargs.num_threads=2",
+            )  # fmt: skip
+            record("Pendulum", "random", "rlcollect sync, envpool x256, hdf5", fps, base)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("TorchRL and Minari contenders: not installed here, skipped.")
+    if args.contenders:
+        missing = [n for n in ("torchrl", "minari") if not contenders.available(n)]
+        if missing:
+            notes.append(f"{' and '.join(missing)} not installed: skipped")
+    if args.envpool and not contenders.available("envpool"):
+        notes.append("envpool not installed: its row skipped")
+    for note in notes:
+        print(note)
 
     if args.no_record:
         return
@@ -141,6 +192,7 @@ def main() -> None:
         "|---|---|---|---:|---:|",
     ]
     lines += [f"| {e} | {p} | {c} | {f:,.0f} | {r:.2f}x |" for e, p, c, f, r in rows]
+    lines += [f"\n{note}" for note in notes]
     with RESULTS.open("a") as fh:
         if fh.tell() == 0:
             fh.write("# Benchmark results\n\nAppended by `make bench`; figures as measured.\n")
