@@ -4,7 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install run test lint format bench clean
+BENCH_VENV ?= .venv-bench
+
+.PHONY: help install run test lint format bench bench-compare clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' Makefile | sed 's/:.*## /\t/' | sort
@@ -37,5 +39,11 @@ bench: $(STAMP)  ## throughput benchmarks; appends to benchmarks/RESULTS.md
 	$(BIN)/python benchmarks/bench.py
 	$(BIN)/python benchmarks/memory.py
 
-clean:  ## remove the venv and build artefacts
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+bench-compare:  ## bench.py beside TorchRL and Minari (in .venv-bench: TorchRL pins its tensordict)
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet "torch==2.13.0"
+	$(BENCH_VENV)/bin/pip install --quiet -e ".[bench]"
+	$(BENCH_VENV)/bin/python benchmarks/bench.py
+
+clean:  ## remove the venvs and build artefacts
+	rm -rf $(VENV) $(BENCH_VENV) build dist *.egg-info .pytest_cache .ruff_cache

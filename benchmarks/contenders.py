@@ -1,7 +1,8 @@
 """Other tools on the same job as ``bench.py``: a dataset on disk of the same
 frames, env and policy. Each in its fastest configuration here:
 
-- TorchRL: ``SyncDataCollector`` / ``MultiSyncDataCollector`` (2 workers) over
+- TorchRL: ``Collector`` / ``MultiSyncCollector`` (2 workers; ``SyncDataCollector``
+  and ``MultiSyncDataCollector`` before 0.11) over
   ``GymEnv(id, num_envs=N)`` (gymnasium's vector env inside), every batch
   extended into a ``ReplayBuffer`` on a ``LazyMemmapStorage`` (files on disk);
 - Minari: ``DataCollector`` around one env (it records a single env), the
@@ -60,7 +61,11 @@ def torchrl_run(
 ) -> float:
     """frames/s of TorchRL's collector writing a memmap replay buffer."""
     from tensordict.nn import TensorDictModule
-    from torchrl.collectors import MultiSyncDataCollector, SyncDataCollector
+    try:
+        from torchrl.collectors import Collector as SyncDataCollector
+        from torchrl.collectors import MultiSyncCollector as MultiSyncDataCollector
+    except ImportError:  # TorchRL before 0.11 named them *DataCollector
+        from torchrl.collectors import MultiSyncDataCollector, SyncDataCollector
     from torchrl.data import LazyMemmapStorage, ReplayBuffer
     from torchrl.envs import GymEnv
     from torchrl.envs.utils import RandomPolicy

@@ -18,7 +18,8 @@ import contextlib
 import torch
 from gymnasium import spaces
 from tensordict import TensorDictBase
-from tensordict.nn import InteractionType, interaction_type, set_interaction_type
+from tensordict.nn import InteractionType, set_interaction_type
+from tensordict.nn.probabilistic import interaction_type  # not re-exported before 0.15
 from torch import nn
 
 from collect_cli import specs
