@@ -11,11 +11,7 @@ the ratio to the plain loop, and appends a dated record to RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import contenders
 
 PRESETS = {"Pendulum": "Pendulum-v1", "CartPole": "CartPole-v1"}
-RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
 def plain_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
@@ -88,19 +83,6 @@ def rlcollect(
     return result.frames / result.seconds
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    python = platform.python_version()
-    return f"{os.cpu_count()} cores, {cpu}, Python {python}, torch {torch.__version__}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=float, default=2e5)
@@ -148,12 +130,19 @@ def main() -> None:
                     for workers in (0, 2):
                         lanes = args.num_envs // max(1, workers)
                         fps = contenders.torchrl_run(
-                            PRESETS[env], lanes, policy, frames, tmp / f"trl{workers}", workers
+                            PRESETS[env],
+                            lanes,
+                            policy,
+                            frames,
+                            tmp / f"trl-{env}-{policy}-{workers}",
+                            workers,
                         )
                         name = "TorchRL MultiSync x2" if workers else "TorchRL SyncDataCollector"
                         record(env, policy, f"{name}, memmap", fps, base)
                 if args.contenders and contenders.available("minari"):
-                    fps = contenders.minari_run(PRESETS[env], policy, frames, tmp / "minari")
+                    fps = contenders.minari_run(
+                        PRESETS[env], policy, frames, tmp / f"minari-{env}-{policy}"
+                    )
                     record(env, policy, "Minari DataCollector, hdf5", fps, base)
         if args.envpool and contenders.available("envpool"):
             base = next(
@@ -179,13 +168,8 @@ def main() -> None:
 
     if args.no_record:
         return
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     lines = [
-        f"\n## {dt.date.today().isoformat()} ({commit or 'uncommitted'})\n",
-        f"Command: `python benchmarks/bench.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-        f"Machine: {machine()}  ",
+        *record.header(),
         f"Work: {frames} frames per contender, {args.num_envs} envs per process "
         "(multisync: 2 workers), torch threads 1\n",
         "| env | policy | contender | frames/s | vs plain loop |",
@@ -193,11 +177,7 @@ def main() -> None:
     ]
     lines += [f"| {e} | {p} | {c} | {f:,.0f} | {r:.2f}x |" for e, p, c, f, r in rows]
     lines += [f"\n{note}" for note in notes]
-    with RESULTS.open("a") as fh:
-        if fh.tell() == 0:
-            fh.write("# Benchmark results\n\nAppended by `make bench`; figures as measured.\n")
-        fh.write("\n".join(lines) + "\n")
-    print(f"recorded in {RESULTS}")
+    record.append(lines)
 
 
 if __name__ == "__main__":

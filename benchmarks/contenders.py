@@ -61,6 +61,7 @@ def torchrl_run(
 ) -> float:
     """frames/s of TorchRL's collector writing a memmap replay buffer."""
     from tensordict.nn import TensorDictModule
+
     try:
         from torchrl.collectors import Collector as SyncDataCollector
         from torchrl.collectors import MultiSyncCollector as MultiSyncDataCollector

@@ -12,7 +12,6 @@ resident set size from ``wait4``. Appends a dated record to RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib.util
 import os
 import subprocess
@@ -21,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+sys.path.insert(0, str(Path(__file__).parent))
+import record
 
 
 def peak_rss(args: list[str]) -> tuple[int, float, str]:
@@ -79,12 +79,8 @@ def main() -> None:
         print(f"{frames:,d} frames: peak RSS {rss / first:.3f}x the {rows[0][0]:,d}-frame run")
     if args.no_record:
         return
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     lines = [
-        f"\n## {dt.date.today().isoformat()} ({commit or 'uncommitted'}): peak RSS\n",
-        f"Command: `python benchmarks/memory.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
+        *record.header("peak RSS"),
         f"Work: `rlcollect run env=Pendulum {' '.join(backend)}` (random policy, hdf5)\n",
         "| frames | peak RSS (MiB) | vs first | wall s | file (MiB) |",
         "|---:|---:|---:|---:|---:|",
@@ -93,9 +89,7 @@ def main() -> None:
         f"| {f:,d} | {r / 2**20:.1f} | {r / first:.3f}x | {s:.1f} | {z / 2**20:.1f} |"
         for f, r, s, z in rows
     ]
-    with RESULTS.open("a") as fh:
-        fh.write("\n".join(lines) + "\n")
-    print(f"recorded in {RESULTS}")
+    record.append(lines)
 
 
 if __name__ == "__main__":
