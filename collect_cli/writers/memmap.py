@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import mmap
 import os
 import shutil
 from pathlib import Path
@@ -264,6 +265,16 @@ class MemmapWriter(Writer):
             f.flush()
         self._write_td_meta(only_episodes=True)
         write_json(self.path / META_FILE, self.meta)
+        self._release_pages()
+
+    def _release_pages(self) -> None:
+        """Unmap the pages written so far from this process (they stay in the page
+        cache and reach the file as usual): without this every written page counts
+        in the writer's resident memory, which would grow with the dataset."""
+        for mm in self._maps.values():
+            raw = getattr(mm, "_mmap", None)
+            if raw is not None and hasattr(raw, "madvise"):
+                raw.madvise(mmap.MADV_DONTNEED)
 
     def _sync(self) -> None:
         """Force everything to the device (at close: durable across power loss)."""
