@@ -93,11 +93,18 @@ class Writer(abc.ABC):
         self._closed = False
 
     def open(self) -> Writer:
+        """Create the empty dataset. It is built under a temporary sibling name and
+        renamed into place once readable, so a kill during creation never leaves a
+        half-made dataset at ``path``."""
         check_output(self.path, self.overwrite)
+        final = self.path
+        staging = final.with_name(f".{final.name}.creating-{os.getpid()}")
         try:
-            if self.path.exists():
-                remove_output(self.path)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if final.exists():
+                remove_output(final)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if staging.exists() or staging.is_symlink():
+                remove_output(staging)
             self.meta.update(
                 format_version=FORMAT_VERSION,
                 backend=self.backend,
@@ -109,13 +116,19 @@ class Writer(abc.ABC):
                 episodes=0,
                 lanes=self.lanes,
             )
-            self._open()
+            self.path = staging
+            try:
+                self._open()
+            finally:
+                self.path = final
+            os.rename(staging, final)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 self._close()
-            with contextlib.suppress(OSError):
-                remove_output(self.path)  # nothing was committed: leave nothing behind
-            raise WriteError(f"cannot create {str(self.path)!r}: {exc.strerror or exc}") from exc
+            for leftover in (staging, final):
+                with contextlib.suppress(OSError):
+                    remove_output(leftover)  # nothing was committed: leave nothing behind
+            raise WriteError(f"cannot create {str(final)!r}: {exc.strerror or exc}") from exc
         return self
 
     def reopen(self) -> Writer:
