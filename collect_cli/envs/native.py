@@ -136,7 +136,7 @@ class NativeVecEnv(VecEnv):
         self._generator = torch.Generator(device=self.device)
         self._state: torch.Tensor | None = None
         self._obs: torch.Tensor | None = None
-        self._elapsed = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
+        self._elapsed = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
 
     # -- helpers ------------------------------------------------------------------------
     def _host(self, t: torch.Tensor) -> np.ndarray:
@@ -225,7 +225,7 @@ class NativeVecEnv(VecEnv):
         obs = next_obs
         ended = terminated | truncated
         # on CUDA always take the branch-free path: no device sync in the middle of a step
-        if not self._cpu or bool(ended.any()):
+        if not self._cpu or ended.numpy().any():
             state = torch.where(ended, self._draw_initial(), state)
             self._elapsed.masked_fill_(ended, 0)
             obs = self.dynamics.observe(state)

@@ -38,7 +38,11 @@ def angle_normalize(x: Tensor) -> Tensor:
 
 def columns(*rows: Tensor) -> Tensor:
     """Per-lane rows as the float32 ``[lanes, len(rows)]`` observation array."""
-    return torch.stack(rows, 1).to(torch.float32)
+    first = rows[0]
+    out = torch.empty((first.shape[0], len(rows)), dtype=torch.float32, device=first.device)
+    for i, row in enumerate(rows):  # cheaper than stack(dim=1) + cast on CPU
+        out[:, i] = row
+    return out
 
 
 class Dynamics:
