@@ -20,11 +20,19 @@ The dataset semantics are the gymnasium backend's:
 - Arrays. On CPU the numpy arrays returned are views of the torch tensors (no
   copies); on CUDA they are copied to the host with ``.cpu()`` (pinned,
   double-buffered copies are a later step).
+- Threads. A step is a few dozen elementwise ops on ``lanes`` numbers each; below
+  ``SERIAL_LANES`` lanes a CPU op takes microseconds, less than handing it to
+  torch's intra-op thread pool costs (which parallelises sin/cos from ~1000
+  elements, and on a busy machine waits milliseconds for its threads), so CPU
+  envs that small run their ops with one intra-op thread (the setting is
+  restored after each call).
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -35,6 +43,7 @@ from collect_cli.envs.native_dynamics import ENVS, Dynamics
 from collect_cli.errors import CollectionError, DeviceError, UsageError
 
 KIND = {bool: "true or false", int: "an integer", float: "a number"}
+SERIAL_LANES = 32768  # CPU envs with fewer lanes step with one intra-op thread
 
 
 def check_kwargs(cls: type[Dynamics], kwargs: dict[str, Any]) -> tuple[dict[str, Any], int]:
@@ -86,6 +95,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
                 f"device={device} is out of range: this machine has "
                 f"{torch.cuda.device_count()} CUDA device(s)"
             )
+        if dev.index is None:  # the generator and the tensors on one explicit device
+            dev = torch.device("cuda", torch.cuda.current_device())
     elif dev.type != "cpu":
         raise DeviceError(f"device={device}: native envs run on cpu or cuda")
     return dev
@@ -133,12 +144,26 @@ class NativeVecEnv(VecEnv):
         self.info_shapes = ()
         self._init_leaves()
         self._cpu = self.device.type == "cpu"
+        self._serial = self._cpu and self.num_envs < SERIAL_LANES
         self._generator = torch.Generator(device=self.device)
         self._state: torch.Tensor | None = None
         self._obs: torch.Tensor | None = None
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
 
     # -- helpers ------------------------------------------------------------------------
+    @contextmanager
+    def _threads(self) -> Iterator[None]:
+        """One intra-op thread for small CPU envs (see the module's docstring)."""
+        previous = torch.get_num_threads() if self._serial else 1
+        if previous == 1:
+            yield
+            return
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(previous)
+
     def _host(self, t: torch.Tensor) -> np.ndarray:
         return t.numpy() if self._cpu else t.cpu().numpy()
 
@@ -182,12 +207,30 @@ class NativeVecEnv(VecEnv):
         if state.T.shape != self._state.shape:
             raise UsageError(f"set_state needs shape {tuple(self._state.T.shape)}")
         self._state = state.T.contiguous()
-        self._obs = self.dynamics.observe(self._state)
+        with self._threads():
+            self._obs = self.dynamics.observe(self._state)
         return [self._host(self._obs)]
 
     # -- VecEnv -----------------------------------------------------------------------------
     def reset(self, seeds: list[int]) -> list[np.ndarray]:
         """Seed the generator from ``seeds`` (one per lane) and reset every lane."""
+        with self._threads():
+            return self._reset(seeds)
+
+    def reset_lanes(self, lanes: np.ndarray, seeds: list[int]) -> list[np.ndarray]:
+        """Reset ``lanes``; the generator is reseeded from ``seeds`` (one per lane)."""
+        with self._threads():
+            return self._reset_lanes(lanes, seeds)
+
+    def step(self, actions: list[np.ndarray]) -> StepResult:
+        with self._threads():
+            return self._step(actions)
+
+    def close(self) -> None:
+        self._state = self._obs = None
+
+    # -- the work ----------------------------------------------------------------------------
+    def _reset(self, seeds: list[int]) -> list[np.ndarray]:
         if len(seeds) != self.num_envs:
             raise UsageError(f"reset needs {self.num_envs} seeds, got {len(seeds)}")
         self._generator.manual_seed(generator_seed(seeds))
@@ -196,8 +239,7 @@ class NativeVecEnv(VecEnv):
         self._obs = self.dynamics.observe(self._state)
         return [self._host(self._obs)]
 
-    def reset_lanes(self, lanes: np.ndarray, seeds: list[int]) -> list[np.ndarray]:
-        """Reset ``lanes``; the generator is reseeded from ``seeds`` (one per lane)."""
+    def _reset_lanes(self, lanes: np.ndarray, seeds: list[int]) -> list[np.ndarray]:
         state = self._require_reset()
         lanes = np.asarray(lanes, dtype=np.int64).reshape(-1)
         if len(seeds) != len(lanes):
@@ -215,7 +257,7 @@ class NativeVecEnv(VecEnv):
         self._obs = self.dynamics.observe(self._state)
         return [self._host(self._obs)]
 
-    def step(self, actions: list[np.ndarray]) -> StepResult:
+    def _step(self, actions: list[np.ndarray]) -> StepResult:
         state = self._require_reset()
         action = self._action(actions[0])
         state, reward, terminated = self.dynamics.step(state, action)
@@ -238,6 +280,3 @@ class NativeVecEnv(VecEnv):
             terminated=self._host(terminated),
             truncated=self._host(truncated),
         )
-
-    def close(self) -> None:
-        self._state = self._obs = None

@@ -13,9 +13,11 @@ float64 for Pendulum, CartPole, MountainCar and Acrobot (whose reset state is
 drawn in float64 and rounded to float32, as gymnasium does), float32 for
 MountainCarContinuous (gymnasium's state after a step; its first step from the
 float64 reset state is done in float32 here). Observations and rewards are
-returned as float32. On CPU a step then equals gymnasium's bit for bit except
-MountainCar's velocity update (order of float64 additions: 1 ulp) and
-MountainCarContinuous (float32 throughout, ~1e-7).
+returned as float32. The formulas follow gymnasium's operation order, so on
+CPU a step reproduces gymnasium's state bit for bit (measured; torch's and
+numpy's sin/cos may differ by an ulp elsewhere), except Pendulum's reward (the
+angle is wrapped with floor rather than %: 1 float64 ulp) and
+MountainCarContinuous (cos in float32 where gymnasium uses float64: ~1e-7).
 """
 
 from __future__ import annotations
