@@ -33,11 +33,11 @@ if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || true
 
-step "pytest -m gpu" 100 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests
-step "throughput: Pendulum, 65536 envs, mlp, cuda:0" 100 "$PY" benchmarks/native.py \
+step "pytest -m gpu" 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests
+step "throughput: Pendulum, 65536 envs, mlp, cuda:0" 90 "$PY" benchmarks/native.py \
     --device cuda:0 --policy mlp --num-envs 65536 --frames-per-batch 3276800 \
     --quick-frames 1.3e7 --frames 2.6e7 --writer memmap --rows env,collector,cli
-step "headline: total_frames=1e6 device=cuda:0" 80 "$PY" benchmarks/native.py \
+step "headline: total_frames=1e6 device=cuda:0" 110 "$PY" benchmarks/native.py \
     --device cuda:0 --rows headline
 
 if [ ${#failed[@]} -gt 0 ]; then
