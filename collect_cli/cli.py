@@ -458,6 +458,11 @@ def _envs_dict() -> dict[str, Any]:
         presets.append({"name": file.stem, "id": env_id, "usage": usage})
     backends = []
     for name in config.ENV_BACKENDS:
+        if name == "native":  # batched torch, part of rlcollect: there whenever torch is
+            backends.append(
+                {"name": name, "available": True, "detail": f"torch {version('torch')}"}
+            )
+            continue
         try:
             backends.append({"name": name, "available": True, "detail": version(name)})
         except PackageNotFoundError:

@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from collect_cli.errors import ConfigError
 
-ENV_BACKENDS = ("gymnasium", "envpool")
+ENV_BACKENDS = ("gymnasium", "envpool", "native")
 EXPLORATION_TYPES = ("random", "mode", "mean")
 NOISES = ("none", "gaussian", "epsilon")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu", "identity")

@@ -128,7 +128,12 @@ def build_collector(
 
     env_cfg, coll = settings.env, settings.collector
     make_env = env_factory(
-        env_cfg.id, env_cfg.num_envs, env_cfg.backend, env_cfg.kwargs, env_cfg.info_keys
+        env_cfg.id,
+        env_cfg.num_envs,
+        env_cfg.backend,
+        env_cfg.kwargs,
+        env_cfg.info_keys,
+        device=str(device),
     )
     policy = PolicyFactory(settings.policy, str(device), derive_seeds(settings.seed, 1, 2)[0])
     common = {

@@ -51,7 +51,7 @@ def test_groups_and_memmap_default_out():
         (["writer.compression=zstd"], "choose from none, gzip, lzf"),
         (["progress=loud"], "choose from auto"),
         (["env.num_envs=0"], "num_envs"),
-        (["env.backend=native"], "choose from gymnasium"),
+        (["env.backend=torch"], "choose from gymnasium, envpool, native"),
         (["seed=abc"], "seed"),
     ],
 )

@@ -21,6 +21,7 @@ class EnvFactory:
     backend: str = "gymnasium"
     kwargs: dict[str, Any] = field(default_factory=dict)
     info_keys: tuple[str, ...] = ()
+    device: str = "cpu"  # where env.backend=native runs (the others ignore it)
 
     def __call__(self) -> VecEnv:
         if self.backend == "gymnasium":
@@ -35,6 +36,12 @@ class EnvFactory:
             return EnvpoolVecEnv(
                 self.env_id, self.num_envs, dict(self.kwargs), tuple(self.info_keys)
             )
+        if self.backend == "native":
+            from collect_cli.envs.native import NativeVecEnv
+
+            return NativeVecEnv(
+                self.env_id, self.num_envs, dict(self.kwargs), tuple(self.info_keys), self.device
+            )
         raise UsageError(f"unknown env.backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
 
 
@@ -44,11 +51,13 @@ def env_factory(
     backend: str = "gymnasium",
     kwargs: dict[str, Any] | None = None,
     info_keys: tuple[str, ...] | list[str] = (),
+    device: str = "cpu",
 ) -> EnvFactory:
     """The constructor of ``num_envs`` lanes of ``env_id`` on ``backend``.
 
     ``info_keys``: numeric entries of the env's step ``info`` to record under ``info/``.
+    ``device``: where ``backend="native"`` envs run (``cpu``, ``cuda:N``).
     """
     if backend not in BACKENDS:
         raise UsageError(f"unknown env.backend {backend!r}: choose from {', '.join(BACKENDS)}")
-    return EnvFactory(env_id, num_envs, backend, dict(kwargs or {}), tuple(info_keys))
+    return EnvFactory(env_id, num_envs, backend, dict(kwargs or {}), tuple(info_keys), str(device))

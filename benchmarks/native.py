@@ -1,0 +1,264 @@
+"""Native backend throughput, layer by layer, on one job (default: Pendulum, 4096 envs).
+
+Rows, each the same env, lanes and policy:
+  env       the native VecEnv stepped with the policy's actions, storing nothing
+  collector the SyncCollector filling batches (copied to the host), no writer
+  cli       the real CLI, ``rlcollect run ... env.backend=native``, writing the dataset:
+            frames/s as its summary reports it (collection + writing, start-up excluded)
+  gymnasium the same CLI job with env.backend=gymnasium (one batch), for the ratio
+  headline  wall time of ``rlcollect run env=Pendulum env.backend=native total_frames=1e6
+            device=DEVICE`` (process start to exit)
+
+    python benchmarks/native.py                                  # the issue's CPU job
+    python benchmarks/native.py --rows cli --profile             # cProfile the run in-process
+    python benchmarks/native.py --device cuda:0 --policy mlp --num-envs 65536 --writer memmap
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime as dt
+import json
+import os
+import platform
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from collect_cli import config
+from collect_cli.collectors import SyncCollector
+from collect_cli.envs import env_factory
+from collect_cli.policies import PolicyFactory
+from collect_cli.run import run
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+ROWS = ("env", "collector", "cli", "gymnasium", "headline")
+PRESETS = {
+    "Pendulum": "Pendulum-v1",
+    "CartPole": "CartPole-v1",
+    "MountainCar": "MountainCar-v0",
+    "MountainCarContinuous": "MountainCarContinuous-v0",
+    "Acrobot": "Acrobot-v1",
+}
+
+
+def policy_factory(name: str, device: str) -> PolicyFactory:
+    cfg = config.load(config.compose([f"policy={name}"])).policy
+    return PolicyFactory(cfg, device, 0)
+
+
+def env_only(args, frames: int) -> float:
+    """The native env and the policy, nothing stored: the ceiling of the collector."""
+    env = env_factory(PRESETS[args.env], args.num_envs, "native", device=args.device)()
+    policy = policy_factory(args.policy, args.device)(env.observation_space, env.action_space)
+    from tensordict import TensorDict
+
+    obs = env.reset(list(range(args.num_envs)))
+    steps = max(1, frames // args.num_envs)
+    with torch.no_grad():
+        for i in range(steps + 10):
+            if i == 10:  # warm-up done
+                _sync(args.device)
+                start = time.perf_counter()
+            td = TensorDict({"observation": torch.from_numpy(obs[0])}, [args.num_envs])
+            action = policy(td.to(args.device))["action"].cpu().numpy()
+            obs = env.step([action]).obs
+    _sync(args.device)
+    return steps * args.num_envs / (time.perf_counter() - start)
+
+
+def collector_only(args, frames: int) -> float:
+    """SyncCollector batches (on the host), no writer."""
+    make = env_factory(PRESETS[args.env], args.num_envs, "native", device=args.device)
+    collector = SyncCollector(
+        make,
+        policy_factory(args.policy, args.device),
+        frames_per_batch=args.frames_per_batch,
+        total_frames=-1,
+        device=args.device,
+    )
+    batches = max(1, frames // collector.frames_per_batch)
+    try:
+        it = iter(collector)
+        next(it)  # warm-up
+        start = time.perf_counter()
+        for _ in range(batches):
+            next(it)
+        seconds = time.perf_counter() - start
+    finally:
+        collector.shutdown()
+    return batches * collector.frames_per_batch / seconds
+
+
+def cli_args(args, backend: str, frames: int, out: Path) -> list[str]:
+    return [
+        f"env={args.env}",
+        f"env.backend={backend}",
+        f"env.num_envs={args.num_envs}",
+        f"policy={args.policy}",
+        f"device={args.device if backend == 'native' else 'cpu'}",
+        f"frames_per_batch={args.frames_per_batch}",
+        f"total_frames={frames}",
+        f"writer={args.writer}",
+        "progress=none",
+        f"out={out}",
+        "overwrite=true",
+    ]
+
+
+def cli_run(overrides: list[str], threads: int | None = None) -> tuple[dict, float]:
+    """``rlcollect run OVERRIDES`` in a fresh process: its summary and the wall time."""
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "collect_cli", "run", *overrides],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"rlcollect run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]), wall
+
+
+def profile_run(overrides: list[str], top: int) -> None:
+    """The CLI job in this process under cProfile: where the time goes."""
+    settings = config.load(config.compose(overrides))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    result = run(settings)
+    profiler.disable()
+    print(f"\nprofiled run: {result.frames_per_s:,.0f} frames/s (with profiler overhead)")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = ""
+    if torch.cuda.is_available():
+        gpu = f", {torch.cuda.get_device_name(0)}"
+    python = platform.python_version()
+    return f"{os.cpu_count()} cores, {cpu}{gpu}, Python {python}, torch {torch.__version__}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="Pendulum", choices=list(PRESETS))
+    parser.add_argument("--num-envs", type=int, default=4096)
+    parser.add_argument("--frames", type=float, default=2e7, help="frames of the cli row")
+    parser.add_argument("--frames-per-batch", type=int, default=409600)
+    parser.add_argument("--quick-frames", type=float, default=4e6, help="env/collector rows")
+    parser.add_argument("--policy", default="random")
+    parser.add_argument("--writer", default="hdf5", choices=["hdf5", "memmap"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rows", default="env,collector,cli,gymnasium")
+    parser.add_argument(
+        "--threads", type=int, help="torch intra-op threads (OMP_NUM_THREADS); default: torch's"
+    )
+    parser.add_argument("--profile", action="store_true", help="also cProfile the cli job")
+    parser.add_argument("--record", action="store_true", help="append a record to RESULTS.md")
+    args = parser.parse_args()
+    rows = args.rows.split(",")
+    unknown = set(rows) - set(ROWS)
+    if unknown:
+        parser.error(f"unknown rows {sorted(unknown)}: choose from {', '.join(ROWS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    frames, quick = int(args.frames), int(args.quick_frames)
+    tmp = Path(tempfile.mkdtemp(prefix="rlcollect-native-"))
+    job = (
+        f"{args.env}, {args.num_envs} envs, policy={args.policy}, device={args.device}, "
+        f"torch threads {args.threads or torch.get_num_threads()}"
+    )
+    print(f"# {job}; {machine()}")
+    results: list[tuple[str, float, str]] = []
+
+    def show(name: str, value: float, note: str = "") -> None:
+        results.append((name, value, note))
+        print(f"{name:44s} {value:14,.0f} frames/s  {note}", flush=True)
+
+    try:
+        if "env" in rows:
+            show("native env.step + policy (nothing stored)", env_only(args, quick))
+        if "collector" in rows:
+            show("SyncCollector, batches on host (no writer)", collector_only(args, quick))
+        if "cli" in rows:
+            out = tmp / ("ds.h5" if args.writer == "hdf5" else "ds")
+            overrides = cli_args(args, "native", frames, out)
+            summary, wall = cli_run(overrides, args.threads)
+            command = "rlcollect run " + " ".join(overrides)
+            show(f"rlcollect run, native, {args.writer}", summary["frames_per_s"], command)
+            print(f"  {summary['frames']:,} frames in {summary['seconds']} s ({wall:.1f} s wall)")
+            if args.profile:
+                profile_run(overrides, 30)
+            if out.is_dir():
+                shutil.rmtree(out, ignore_errors=True)
+            else:
+                out.unlink(missing_ok=True)
+        if "gymnasium" in rows:
+            out = tmp / ("gym.h5" if args.writer == "hdf5" else "gym")
+            summary, _ = cli_run(
+                cli_args(args, "gymnasium", args.frames_per_batch, out), args.threads
+            )
+            show(f"rlcollect run, gymnasium, {args.writer}", summary["frames_per_s"], "(1 batch)")
+        if "headline" in rows:
+            out = tmp / "headline.h5"
+            overrides = [
+                "env=Pendulum",
+                "env.backend=native",
+                "total_frames=1e6",
+                f"device={args.device}",
+                "progress=none",
+                f"out={out}",
+                "overwrite=true",
+            ]
+            summary, wall = cli_run(overrides, args.threads)
+            command = "rlcollect run " + " ".join(overrides[:4])
+            loop = summary["frames_per_s"]
+            print(f"headline: {command}: {wall:.1f} s wall, {loop:,.0f} frames/s in the loop")
+            results.append(("headline wall seconds", wall, " ".join(overrides[:4])))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    if args.record and results:
+        lines = [
+            f"\n## {dt.date.today().isoformat()} native backend",
+            "",
+            f"Command: `python benchmarks/native.py {' '.join(sys.argv[1:])}`  ",
+            f"Machine: {machine()}  ",
+            f"Job: {job}",
+            "",
+            "| row | value | note |",
+            "|---|---:|---|",
+        ]
+        lines += [f"| {name} | {value:,.0f} | {note} |" for name, value, note in results]
+        with RESULTS.open("a") as fh:
+            fh.write("\n".join(lines) + "\n")
+        print(f"recorded in {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
