@@ -21,7 +21,6 @@ import cProfile
 import datetime as dt
 import json
 import os
-import platform
 import pstats
 import shutil
 import subprocess
@@ -37,6 +36,9 @@ from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.policies import PolicyFactory
 from collect_cli.run import run
+
+sys.path.insert(0, str(Path(__file__).parent))
+import record
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 ROWS = ("env", "collector", "cli", "gymnasium", "headline")
@@ -149,19 +151,9 @@ def _sync(device: str) -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = ""
-    if torch.cuda.is_available():
-        gpu = f", {torch.cuda.get_device_name(0)}"
-    python = platform.python_version()
-    return f"{os.cpu_count()} cores, {cpu}{gpu}, Python {python}, torch {torch.__version__}"
+    """record.machine(), plus the GPU when there is one."""
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return record.machine() + gpu
 
 
 def main() -> None:
