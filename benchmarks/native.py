@@ -77,7 +77,7 @@ def env_only(args, frames: int) -> float:
 
 
 def collector_only(args, frames: int) -> float:
-    """SyncCollector batches (on the host), no writer."""
+    """SyncCollector batches (on the host), no writer; buffers as ``rlcollect run`` has them."""
     make = env_factory(PRESETS[args.env], args.num_envs, "native", device=args.device)
     collector = SyncCollector(
         make,
@@ -85,6 +85,8 @@ def collector_only(args, frames: int) -> float:
         frames_per_batch=args.frames_per_batch,
         total_frames=-1,
         device=args.device,
+        return_same_td=True,
+        batch_buffers=2,
     )
     batches = max(1, frames // collector.frames_per_batch)
     try:

@@ -111,7 +111,7 @@ CollectorConfig = (
 class Hdf5WriterConfig:
     name: str = "hdf5"
     compression: str = "none"
-    chunk_frames: int = 1024
+    chunk_frames: int = 65536
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any
 from collect_cli import __version__, specs
 from collect_cli.config import Settings
 from collect_cli.errors import ConfigError, DeviceError
+from collect_cli.stream import Stream, WriteBehind
 
 log = logging.getLogger("rlcollect")
 
@@ -151,8 +152,10 @@ def build_collector(
         "reset_when_done": settings.reset_when_done,
         "exploration_type": settings.exploration_type,
     }
-    if coll.name == "sync":
-        return collectors.SyncCollector(make_env, policy, **common)
+    if coll.name == "sync":  # two buffers in turn: the run writes one while filling the other
+        return collectors.SyncCollector(
+            make_env, policy, return_same_td=True, batch_buffers=2, **common
+        )
     start_method = None if coll.start_method == "auto" else coll.start_method
     if coll.name == "multisync":
         return collectors.MultiSyncCollector(
@@ -319,54 +322,6 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
         collector.shutdown()
 
 
-class Stream:
-    """collector batches -> (multistep) -> (episode rows) -> writer, one way.
-
-    ``postproc=multistep`` holds back each lane's last n-1 frames until the next
-    batch decides their n-step targets; ``split_trajs`` holds each lane's running
-    episode until it ends. :meth:`flush` writes what is held at a clean stop.
-    """
-
-    def __init__(self, settings: Settings, writer):
-        post = settings.postproc
-        self.writer = writer
-        self.multistep = self.splitter = None
-        if post.name == "multistep":
-            from collect_cli.collectors.postproc import MultiStep
-
-            self.multistep = MultiStep(post.n, post.gamma)
-        if settings.split_trajs:
-            from collect_cli.collectors.postproc import TrajectorySplitter
-
-            self.splitter = TrajectorySplitter()
-
-    def push(self, lane_start: int, batch) -> list:
-        if self.multistep is not None:
-            batch = self.multistep(batch, lane_start)
-            if batch is None:
-                return []
-        return self._write(lane_start, batch)
-
-    def _write(self, lane_start: int, batch) -> list:
-        if self.splitter is not None:
-            batch = self.splitter(batch, lane_start)
-            if batch is None:
-                return []
-            lane_start = self.writer.lanes or 0
-        return self.writer.append(batch, lane_start)["return"].tolist()
-
-    def flush(self) -> list:
-        returns = []
-        if self.multistep is not None:
-            for lane_start, batch in self.multistep.flush():
-                returns += self._write(lane_start, batch)
-        if self.splitter is not None:
-            rows = self.splitter.flush()
-            if rows is not None:
-                returns += self.writer.append(rows, self.writer.lanes or 0)["return"].tolist()
-        return returns
-
-
 def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -> RunResult:
     flag = StopFlag()
     recent: deque[float] = deque(maxlen=100)
@@ -388,19 +343,30 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
                 )
             )
 
+    def committed(returns: list[float]) -> None:  # on the writer thread
+        recent.extend(returns)
+        report()
+
+    report()
+    pipe = WriteBehind(stream, committed)
     try:
         with trap_signals(flag):
-            report()
-            for lane_start, batch in collector.iter_with_lanes():
-                recent.extend(stream.push(lane_start, batch))
-                writer.commit()
-                report()
-                if flag.raised:
-                    log.warning("%s received: dataset flushed, stopping", flag.signal_name)
-                    status = "interrupted"
+            batches = collector.iter_with_lanes()
+            while not flag.raised:
+                pipe.reserve()
+                item = next(batches, None)
+                if item is None:
+                    pipe.unreserve()
                     break
+                pipe.submit(*item)
+            pipe.finish()
+            if flag.raised:
+                log.warning("%s received: dataset flushed, stopping", flag.signal_name)
+                status = "interrupted"
             recent.extend(stream.flush())
     except BaseException:
+        with suppress(BaseException):  # the batches already collected still reach the disk
+            pipe.finish()
         _close_quietly(writer, "interrupted")
         raise
     writer.close(status)

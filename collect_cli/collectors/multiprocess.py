@@ -78,6 +78,7 @@ class _MultiCollector(CollectorBase):
         reset_when_done: bool = True,
         exploration_type: str = "random",
         split_trajs: bool = False,
+        device_path: bool | None = None,
     ):
         """Rollout options as in :class:`SyncCollector`; ``init_random_frames``
         counts over all workers (each takes its share)."""
@@ -115,6 +116,7 @@ class _MultiCollector(CollectorBase):
             "reset_at_each_iter": reset_at_each_iter,
             "reset_when_done": reset_when_done,
             "exploration_type": exploration_type,
+            "device_path": device_path,
         }
         try:
             for index, factory in enumerate(factories):

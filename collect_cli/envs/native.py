@@ -17,9 +17,10 @@ The dataset semantics are the gymnasium backend's:
   :meth:`reset` from all lanes' seeds; every later initial state is drawn from
   it, so a run is reproducible on a given device (CPU and CUDA generators draw
   different streams). :meth:`reset_lanes` reseeds it from the seeds it is given.
-- Arrays. On CPU the numpy arrays returned are views of the torch tensors (no
-  copies); on CUDA they are copied to the host with ``.cpu()`` (pinned,
-  double-buffered copies are a later step).
+- Arrays. :meth:`step` returns numpy arrays: on CPU views of the torch tensors
+  (no copies), on CUDA copied to the host. :meth:`step_tensors` keeps
+  everything on the device: the collector's device path (``collectors.device``)
+  steps with it and copies a whole batch to the host at once.
 - Threads. A step is a few dozen elementwise ops on ``lanes`` numbers each; below
   ``SERIAL_LANES`` lanes a CPU op takes microseconds, less than handing it to
   torch's intra-op thread pool costs (which parallelises sin/cos from ~1000
@@ -33,7 +34,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -100,6 +101,16 @@ def resolve_device(device: str | torch.device) -> torch.device:
     elif dev.type != "cpu":
         raise DeviceError(f"device={device}: native envs run on cpu or cuda")
     return dev
+
+
+class TensorStep(NamedTuple):
+    """One step of every lane, as tensors on the env's device."""
+
+    obs: torch.Tensor  # [lanes, obs]: what the policy sees next (reset where ended)
+    next_obs: torch.Tensor  # [lanes, obs]: the true s_{t+1}
+    reward: torch.Tensor  # [lanes] float32
+    terminated: torch.Tensor  # [lanes] bool
+    truncated: torch.Tensor  # [lanes] bool
 
 
 def generator_seed(seeds: list[int] | np.ndarray) -> int:
@@ -224,7 +235,29 @@ class NativeVecEnv(VecEnv):
 
     def step(self, actions: list[np.ndarray]) -> StepResult:
         with self._threads():
-            return self._step(actions)
+            return self._host_step(self._step(self._action(actions[0])))
+
+    # -- tensors on the device (the collector's device path) ----------------------------
+    def obs_tensors(self) -> list[torch.Tensor]:
+        """Every lane's current observation, on the env's device."""
+        if self._obs is None:
+            raise UsageError("no observation before reset: reset every lane first")
+        return [self._obs]
+
+    def step_tensors(self, actions: list[torch.Tensor]) -> TensorStep:
+        """:meth:`step` without leaving the device: actions and results are tensors
+        there (flags ``[lanes]`` bool, reward ``[lanes]`` float32); no host sync.
+
+        Discrete actions are not checked (that needs a sync): out-of-range ones are
+        clamped into range, and the collector refuses the batch that held them."""
+        with self._threads():
+            action = actions[0]
+            if self.dynamics.discrete:
+                action = action.reshape(self.num_envs).to(torch.int64)
+                action = action.clamp(0, self.dynamics.discrete - 1)
+            else:
+                action = action.reshape(self.num_envs, 1).to(torch.float32)
+            return self._step(action)
 
     def close(self) -> None:
         self._state = self._obs = None
@@ -257,9 +290,8 @@ class NativeVecEnv(VecEnv):
         self._obs = self.dynamics.observe(self._state)
         return [self._host(self._obs)]
 
-    def _step(self, actions: list[np.ndarray]) -> StepResult:
+    def _step(self, action: torch.Tensor) -> TensorStep:
         state = self._require_reset()
-        action = self._action(actions[0])
         state, reward, terminated = self.dynamics.step(state, action)
         self._elapsed += 1
         truncated = self._elapsed >= self.max_episode_steps
@@ -272,11 +304,14 @@ class NativeVecEnv(VecEnv):
             self._elapsed.masked_fill_(ended, 0)
             obs = self.dynamics.observe(state)
         self._state, self._obs = state, obs
-        next_host = self._host(next_obs)
+        return TensorStep(obs, next_obs, reward.to(torch.float32), terminated, truncated)
+
+    def _host_step(self, step: TensorStep) -> StepResult:
+        next_host = self._host(step.next_obs)
         return StepResult(
-            obs=[next_host if obs is next_obs else self._host(obs)],
+            obs=[next_host if step.obs is step.next_obs else self._host(step.obs)],
             next_obs=[next_host],
-            reward=self._host(reward.to(torch.float32)),
-            terminated=self._host(terminated),
-            truncated=self._host(truncated),
+            reward=self._host(step.reward),
+            terminated=self._host(step.terminated),
+            truncated=self._host(step.truncated),
         )

@@ -94,13 +94,17 @@ class EpisodeTracker:
         carry_ret, carry_traj = self.ret[group], self.traj[group]
 
         # cuts: the next valid frame of the lane has another traj_id, and no done here
-        lane_v, t_v = np.nonzero(mask)
-        change = np.zeros(len(lane_v), bool)
-        change[:-1] = (lane_v[1:] == lane_v[:-1]) & (
-            traj[lane_v[1:], t_v[1:]] != traj[lane_v[:-1], t_v[:-1]]
-        )
+        full = bool(mask.all())  # no padding: the next valid frame is the next one
         ends = done.copy()
-        ends[lane_v[change], t_v[change]] = True
+        if full:
+            ends[:, :-1] |= traj[:, 1:] != traj[:, :-1]
+        else:
+            lane_v, t_v = np.nonzero(mask)
+            change = np.zeros(len(lane_v), bool)
+            change[:-1] = (lane_v[1:] == lane_v[:-1]) & (
+                traj[lane_v[1:], t_v[1:]] != traj[lane_v[:-1], t_v[:-1]]
+            )
+            ends[lane_v[change], t_v[change]] = True
 
         # episodes carried in from the previous batch that a reset cut at its end
         has_valid = mask.any(axis=1)
@@ -113,8 +117,11 @@ class EpisodeTracker:
         carry_len[cross], carry_ret[cross] = 0, 0.0
         carry_start[cross] = t0 + first_valid[cross]
 
-        cum_ret = np.cumsum(np.where(mask, reward, 0.0), axis=1)
-        cum_len = np.cumsum(mask, axis=1)
+        cum_ret = np.cumsum(reward if full else np.where(mask, reward, 0.0), axis=1)
+        if full:
+            cum_len = np.broadcast_to(np.arange(1, steps + 1), (nlanes, steps))
+        else:
+            cum_len = np.cumsum(mask, axis=1)
         lanes, ts = np.nonzero(ends)  # lane-major: sorted by lane, then time
         first = np.ones(len(lanes), bool)
         first[1:] = lanes[1:] != lanes[:-1]

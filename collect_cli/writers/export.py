@@ -36,6 +36,7 @@ from collect_cli.errors import DatasetError, OutputError, UsageError, WriteError
 from collect_cli.writers import Dataset, open_dataset
 from collect_cli.writers.base import check_output
 from collect_cli.writers.episodes import COLUMNS
+from collect_cli.writers.hdf5 import lane_reading_cache
 
 log = logging.getLogger("rlcollect")
 
@@ -203,7 +204,8 @@ class Source:
             raise DatasetError(f"{str(ds.path)!r} holds no committed frames: nothing to export")
         self._file: h5py.File | None = None
         if ds.backend == "hdf5":
-            self._file = h5py.File(ds.path, "r", locking=False)
+            cache = lane_reading_cache(ds.path, self.steps)  # reads go lane by lane
+            self._file = h5py.File(ds.path, "r", locking=False, **cache)
             self._arrays: Any = self._file
         else:
             self._arrays = ds.load()

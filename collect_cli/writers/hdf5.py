@@ -32,35 +32,77 @@ FILL = {("collector", "traj_ids"): -1}  # frames not written yet are padding
 RESERVE_MARGIN = 1 << 20  # room for HDF5 metadata and for closing after a failed reservation
 CHUNK_MIN, CHUNK_TARGET, CHUNK_MAX = 256 << 10, 512 << 10, 1 << 20  # bytes per chunk
 CACHE_MAX = 64 << 20  # chunk cache per dataset, at most
+READ_CACHE_MAX = 256 << 20  # chunk cache per dataset when reading lane by lane
 
 
-def chunk_steps(row_bytes: int, chunk_frames: int, batch_steps: int) -> int:
-    """Time steps per chunk of a key whose frame is ``row_bytes`` bytes.
+MIN_CHUNK_STEPS = 16  # chunks shorter than this along time make per-lane reads slow
 
-    Small frames: ``chunk_frames`` steps. Large frames (images): sized by bytes,
-    0.25-1 MiB, preferring a divisor of the batch's time steps, so that each
-    batch fills whole chunks: a compressed chunk is then compressed once and
-    never read back to be completed by the next batch.
+
+def chunk_shape(row_bytes: int, width: int, batch_steps: int, chunk_frames: int) -> tuple[int, int]:
+    """``(lanes, time steps)`` of one chunk of a key whose frame is ``row_bytes`` bytes.
+
+    A batch writes ``[width, batch_steps]`` frames and every commit flushes the
+    chunks it touched in full, so a chunk should be filled by one batch: its
+    time extent is the batch's (or a divisor of it), and it spans as many lanes
+    as fit ``chunk_frames`` frames and ``CHUNK_MAX`` bytes (a divisor of
+    ``width`` when one is close, so lane groups of asynchronous workers never
+    share a chunk). Large frames (images): one lane, sized by bytes (0.25-1 MiB),
+    preferring a divisor of the batch's steps. Tiny batches: chunks of
+    ``MIN_CHUNK_STEPS`` steps, filled over several batches.
     """
-    cap = max(1, min(chunk_frames, CHUNK_MAX // row_bytes))
-    if cap * row_bytes < CHUNK_MIN:
-        return cap
-    for steps in range(cap, 0, -1):
-        if steps * row_bytes < CHUNK_MIN:
-            break
-        if batch_steps % steps == 0:
-            return steps
-    return max(1, min(cap, CHUNK_TARGET // row_bytes))
+    cap = max(1, min(chunk_frames, CHUNK_MAX // row_bytes))  # frames per chunk, at most
+    if batch_steps >= cap:  # one lane's batch fills one chunk or more
+        if cap * row_bytes < CHUNK_MIN:
+            return 1, cap
+        for steps in range(cap, 0, -1):
+            if steps * row_bytes < CHUNK_MIN:
+                break
+            if batch_steps % steps == 0:
+                return 1, steps
+        return 1, max(1, min(cap, CHUNK_TARGET // row_bytes))
+    steps = batch_steps * max(1, -(-min(MIN_CHUNK_STEPS, cap) // batch_steps))
+    steps = min(steps, cap)
+    lanes = max(1, min(width, cap // steps))
+    for divisor in range(lanes, max(1, lanes // 2) - 1, -1):
+        if width % divisor == 0:
+            return divisor, steps
+    return lanes, steps
 
 
-def chunk_cache(chunk_bytes: int, lanes: int) -> dict[str, Any]:
-    """h5py chunk-cache settings holding one chunk per lane (the one being filled),
-    within ``CACHE_MAX``; chunks already full are evicted first (``w0=1``)."""
-    nbytes = min(CACHE_MAX, max(1 << 20, (lanes + 1) * chunk_bytes))
+def chunk_cache(chunk_bytes: int, chunks: int) -> dict[str, Any]:
+    """h5py chunk-cache settings holding the ``chunks`` chunks across the lanes (the
+    ones being filled), within ``CACHE_MAX``; full chunks are evicted first (``w0=1``)."""
+    nbytes = min(CACHE_MAX, max(1 << 20, (chunks + 1) * chunk_bytes))
+    return hash_slots(nbytes, chunk_bytes)
+
+
+def hash_slots(nbytes: int, chunk_bytes: int) -> dict[str, Any]:
+    """A chunk cache of ``nbytes`` (h5py's ``rdcc_*`` options) for chunks of ``chunk_bytes``."""
     slots = max(521, 10 * (nbytes // chunk_bytes + 1)) | 1
     while any(slots % d == 0 for d in range(3, int(slots**0.5) + 1, 2)):
         slots += 2  # a prime number of hash slots, as HDF5 advises
     return {"rdcc_nbytes": nbytes, "rdcc_nslots": slots, "rdcc_w0": 1.0}
+
+
+def lane_reading_cache(path: Path, steps: int) -> dict[str, Any]:
+    """h5py open options for reading the file lane by lane over ``steps`` steps.
+
+    A chunk spans several lanes: reading one lane reads its whole chunks, so the
+    cache holds a lane group's chunks over all its steps (within ``READ_CACHE_MAX``)
+    and the group's next lanes are read from memory, not from the file again.
+    """
+    need, smallest = 1 << 20, CHUNK_MAX
+
+    def visit(name: str, ds: Any) -> None:
+        nonlocal need, smallest
+        if isinstance(ds, h5py.Dataset) and ds.chunks is not None and ds.ndim >= 2:
+            chunk = int(np.prod(ds.chunks, dtype=np.int64)) * ds.dtype.itemsize
+            need = max(need, chunk // ds.chunks[1] * max(steps, ds.chunks[1]))
+            smallest = min(smallest, chunk)
+
+    with h5py.File(path, "r", locking=False) as f:
+        f.visititems(visit)
+    return hash_slots(min(READ_CACHE_MAX, need), smallest)
 
 
 def encode_attrs(
@@ -101,7 +143,7 @@ def decode_attrs(attrs: h5py.AttributeManager) -> dict[str, Any]:
 class Hdf5Writer(Writer):
     backend = "hdf5"
 
-    def __init__(self, path, *, compression: str = "none", chunk_frames: int = 1024, **kw):
+    def __init__(self, path, *, compression: str = "none", chunk_frames: int = 65536, **kw):
         super().__init__(path, **kw)
         self.compression = None if compression == "none" else compression
         self.chunk_frames = chunk_frames
@@ -176,16 +218,16 @@ class Hdf5Writer(Writer):
         for key, array in items:
             feat = array.shape[2:]
             row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * array.dtype.itemsize)
-            steps = chunk_steps(row_bytes, self.chunk_frames, array.shape[1])
+            block, steps = chunk_shape(row_bytes, len(array), array.shape[1], self.chunk_frames)
             self._frames[key] = self._file.create_dataset(
                 "/".join(key),
                 shape=(lanes, 0, *feat),
                 maxshape=(None, None, *feat),
                 dtype=array.dtype,
-                chunks=(1, steps, *feat),
+                chunks=(block, steps, *feat),
                 compression=self.compression,
                 fillvalue=FILL.get(key, 0),
-                **chunk_cache(steps * row_bytes, lanes),
+                **chunk_cache(block * steps * row_bytes, -(-lanes // block)),
             )
 
     def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:

@@ -29,6 +29,7 @@ from collect_cli.writers.base import Writer
 from collect_cli.writers.episodes import COLUMNS, Rows
 
 META_FILE = "rlcollect.json"
+RELEASE_BYTES = 64 << 20  # written bytes between two page releases (see _release_pages)
 TD_CLASS = {"_type": "<class 'tensordict._td.TensorDict'>", "_format_version": 1}
 
 
@@ -102,6 +103,8 @@ class MemmapWriter(Writer):
         self._episode_files: dict[str, Any] = {}
         self.capacity = 0  # time steps allocated
         self.lane_capacity = 0  # lanes allocated (grows for datasets of whole episodes)
+        self._unreleased = 0  # bytes written since the last page release
+        self._batch_bytes = 0  # ...by the last batch
 
     def _file(self, key: tuple[str, ...]) -> Path:
         return self.path.joinpath(*key[:-1], key[-1] + ".memmap")
@@ -228,6 +231,8 @@ class MemmapWriter(Writer):
             self._resize(max(2 * self.capacity, t0 + steps))
         for key, array in items:
             self._maps[key][lanes, t0 : t0 + steps] = array
+        self._batch_bytes = sum(array.nbytes for _, array in items)
+        self._unreleased += self._batch_bytes
 
     def _write_episodes(self, rows: Rows, start: int) -> None:
         if len(rows["traj_id"]):
@@ -265,12 +270,19 @@ class MemmapWriter(Writer):
             f.flush()
         self._write_td_meta(only_episodes=True)
         write_json(self.path / META_FILE, self.meta)
-        self._release_pages()
+        if self._unreleased >= max(RELEASE_BYTES, 8 * self._batch_bytes):
+            self._release_pages()
 
     def _release_pages(self) -> None:
         """Unmap the pages written so far from this process (they stay in the page
         cache and reach the file as usual): without this every written page counts
-        in the writer's resident memory, which would grow with the dataset."""
+        in the writer's resident memory, which would grow with the dataset.
+
+        Done once ``RELEASE_BYTES`` (or eight batches) were written, not at every
+        commit: each lane's last page is only partly written and faults back in
+        at the next batch, one fault per lane and key, which for thousands of
+        lanes costs more than the batch's copy itself."""
+        self._unreleased = 0
         for mm in self._maps.values():
             raw = getattr(mm, "_mmap", None)
             if raw is not None and hasattr(raw, "madvise"):

@@ -67,6 +67,39 @@ def test_batches_are_independent_copies_unless_same_td():
     assert x["observation"].data_ptr() == y["observation"].data_ptr()
 
 
+def test_copies_are_contiguous_lane_major():
+    (batch,) = collect(lanes=3, frames_per_batch=30, total_frames=30)
+    for key, value in batch.items(True, True):
+        assert value.is_contiguous(), key
+        assert value.shape[:2] == (3, 10), key
+
+
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_batch_buffers_rotate_and_keep_each_batch_until_reused(lanes):
+    """With two buffers, batch k is intact while k+1 is collected; k+2 reuses k's storage."""
+    reference = collect(lanes=lanes, frames_per_batch=30, total_frames=150, seed=3)
+    with SyncCollector(
+        env_factory("CartPole-v1", lanes),
+        frames_per_batch=30,
+        total_frames=150,
+        seed=3,
+        return_same_td=True,
+        batch_buffers=2,
+    ) as c:
+        it = iter(c)
+        previous = next(it)
+        assert (previous == reference[0]).all()
+        snapshot = previous.clone()
+        ptrs = [previous["observation"].data_ptr()]
+        for k in range(1, len(reference)):
+            batch = next(it)
+            assert (previous == snapshot).all(), f"batch {k - 1} changed while {k} was collected"
+            assert (batch == reference[k]).all()
+            ptrs.append(batch["observation"].data_ptr())
+            previous, snapshot = batch, batch.clone()
+    assert ptrs[0] == ptrs[2] == ptrs[4] and ptrs[1] == ptrs[3] and ptrs[0] != ptrs[1]
+
+
 def test_iterable_dataset_next_and_endless():
     c = SyncCollector(env_factory("Pendulum-v1", 2), frames_per_batch=20, total_frames=-1)
     assert isinstance(c, IterableDataset)

@@ -1,0 +1,115 @@
+"""The write-behind pipeline: batches written on a background thread, in order,
+never overwritten before they are on disk, errors raised where the run loop sees them."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from collect_cli import config
+from collect_cli.collectors import SyncCollector
+from collect_cli.envs import env_factory
+from collect_cli.stream import Stream, WriteBehind
+from collect_cli.writers import make_writer, open_dataset
+from tests.conftest import out_path
+from tests.helpers import assert_consistent
+
+FRAMES, PER_BATCH = 600, 60
+
+
+def settings(backend: str, out) -> config.Settings:
+    return config.load(config.compose([f"writer={backend}", f"out={out}", "env=CartPole"]))
+
+
+def collector(**kw) -> SyncCollector:
+    return SyncCollector(
+        env_factory("CartPole-v1", 3),
+        frames_per_batch=PER_BATCH,
+        total_frames=FRAMES,
+        seed=11,
+        **kw,
+    )
+
+
+def new_writer(backend: str, path):
+    meta = {"env_id": "CartPole-v1", "config": "env: CartPole"}
+    return make_writer(backend, path, metadata=meta, overwrite=True, lanes=3).open()
+
+
+def read_all(path) -> dict[str, np.ndarray]:
+    ds = open_dataset(path)
+    return {key: ds.array(key) for key, _, _ in ds.describe()}
+
+
+def test_write_behind_writes_what_direct_writing_writes(tmp_path, backend):
+    """Collector ahead of a slow writer: with two buffers in turn, every batch reaches
+    the disk exactly as collected (a buffer reused too early would show here)."""
+    direct, behind = out_path(tmp_path, backend, "direct"), out_path(tmp_path, backend, "behind")
+    writer = new_writer(backend, direct)
+    stream = Stream(settings(backend, direct), writer)
+    with collector() as c:
+        for lane_start, batch in c.iter_with_lanes():
+            stream.push(lane_start, batch)
+            writer.commit()
+    writer.close()
+
+    writer = new_writer(backend, behind)
+    in_flight, peak, lock = [0], [0], threading.Lock()
+
+    def committed(returns):
+        time.sleep(0.02)  # a slow disk: the collector waits in reserve()
+        with lock:
+            in_flight[0] -= 1
+
+    pipe = WriteBehind(Stream(settings(backend, behind), writer), committed, depth=2)
+    with collector(return_same_td=True, batch_buffers=2) as c:
+        batches = c.iter_with_lanes()
+        while True:
+            pipe.reserve()
+            item = next(batches, None)
+            if item is None:
+                pipe.unreserve()
+                break
+            with lock:
+                in_flight[0] += 1
+                peak[0] = max(peak[0], in_flight[0])
+            pipe.submit(*item)
+        pipe.finish()
+    writer.close()
+
+    assert peak[0] == 2  # the collector ran ahead, by one buffer at most
+    assert_consistent(behind)
+    a, b = read_all(direct), read_all(behind)
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    assert open_dataset(behind).meta["frames"] == FRAMES
+
+
+def test_writer_error_reaches_the_collecting_thread(tmp_path):
+    """A failure on the writer thread stops it; the run loop gets the exception from
+    reserve()/submit()/finish(), and what was committed before stays readable."""
+    path = tmp_path / "ds.h5"
+    writer = new_writer("hdf5", path)
+    pipe = WriteBehind(Stream(settings("hdf5", path), writer), lambda returns: None, depth=2)
+    with collector(return_same_td=True, batch_buffers=2) as c:
+        pipe.reserve()
+        pipe.submit(*next(c.iter_with_lanes()))
+    other = SyncCollector(env_factory("Pendulum-v1", 3), frames_per_batch=PER_BATCH, seed=1)
+    with other:  # 3 numbers per observation where the dataset holds 4: the write fails
+        pipe.reserve()
+        pipe.submit(*next(other.iter_with_lanes()))
+        with pytest.raises(TypeError) as first:
+            pipe.reserve()
+            pipe.reserve()
+        with pytest.raises(TypeError) as again:
+            pipe.submit(*next(other.iter_with_lanes()))
+        assert again.value is first.value
+        with pytest.raises(TypeError):
+            pipe.finish()
+    writer.close("interrupted")
+    meta = assert_consistent(path)
+    assert (meta["frames"], meta["status"]) == (PER_BATCH, "interrupted")  # the first batch
