@@ -158,9 +158,10 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.contenders:
-        missing = [n for n in ("torchrl", "minari") if not contenders.available(n)]
+        names = {"torchrl": "torchrl", "minari": "minari[create]"}
+        missing = [names[n] for n in names if not contenders.available(n)]
         if missing:
-            notes.append(f"{' and '.join(missing)} not installed: skipped")
+            notes.append(f"{' and '.join(missing)} not installed: skipped (make bench-compare)")
     if args.envpool and not contenders.available("envpool"):
         notes.append("envpool not installed: its row skipped")
     for note in notes:

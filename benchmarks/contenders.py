@@ -27,7 +27,10 @@ from torch import nn
 
 
 def available(name: str) -> bool:
-    return importlib.util.find_spec(name) is not None
+    """Whether contender ``name`` can run here. Minari's DataCollector needs jax
+    (``minari[create]``): plain ``minari`` (rlcollect's export extra) is not enough."""
+    needs = {"minari": ("minari", "jax")}.get(name, (name,))
+    return all(importlib.util.find_spec(module) is not None for module in needs)
 
 
 def _mlp(obs_dim: int, out_dim: int) -> nn.Module:

@@ -348,7 +348,7 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
         report()
 
     report()
-    pipe = WriteBehind(stream, committed)
+    pipe = WriteBehind(stream, committed, background=not collector.busy_in_python)
     try:
         with trap_signals(flag):
             batches = collector.iter_with_lanes()

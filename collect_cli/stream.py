@@ -67,6 +67,10 @@ class Stream:
 class WriteBehind:
     """Writes (and commits) each submitted batch on a background thread.
 
+    With ``background=False`` the same calls write in the calling thread: for
+    collectors that keep the GIL busy themselves (gymnasium envs stepped in this
+    process), a writer thread would only contend for it (measured: ~15% slower).
+
     At most ``depth`` batches are in flight: :meth:`reserve` blocks the
     collecting thread until one of them is written, so a collector that reuses
     ``depth`` buffers in turn never overwrites a batch not yet on disk. Batches
@@ -80,7 +84,11 @@ class WriteBehind:
     """
 
     def __init__(
-        self, stream: Stream, on_commit: Callable[[list[float]], None], depth: int = 2
+        self,
+        stream: Stream,
+        on_commit: Callable[[list[float]], None],
+        depth: int = 2,
+        background: bool = True,
     ) -> None:
         self.stream = stream
         self.on_commit = on_commit
@@ -88,7 +96,9 @@ class WriteBehind:
         self._queue: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name="rlcollect-writer", daemon=True)
-        self._thread.start()
+        self.background = background
+        if background:
+            self._thread.start()
 
     def reserve(self) -> None:
         """Wait until a batch may be collected (fewer than ``depth`` in flight)."""
@@ -102,6 +112,10 @@ class WriteBehind:
     def submit(self, lane_start: int, batch: Any) -> None:
         self._raise()
         self._queue.put((lane_start, batch))
+        if not self.background:
+            self._queue.put(None)
+            self._work()
+            self._raise()
 
     def finish(self) -> None:
         """Write everything submitted, stop the thread; raise its error if any."""

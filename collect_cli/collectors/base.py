@@ -28,6 +28,9 @@ class CollectorBase(IterableDataset, metaclass=abc.ABCMeta):
     total_frames: int
     frames_per_batch: int
     lanes: int  # env lanes over all workers
+    # Whether iterating keeps this process's GIL busy (envs stepped in Python here),
+    # so that a consumer thread working beside it would only slow it down.
+    busy_in_python: bool = False
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         return self.iterator()

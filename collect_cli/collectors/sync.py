@@ -93,6 +93,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         self.exploration_type = exploration_type
         self.split_trajs = split_trajs
         self.num_envs = self.lanes = self.env.num_envs
+        self.busy_in_python = self.env.steps_in_python
         self.device = torch.device(device)
         self.storing_device = torch.device(storing_device)
         if isinstance(policy, PolicyFactory):

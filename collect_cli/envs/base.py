@@ -36,6 +36,9 @@ class VecEnv(ABC):
     observation_space: spaces.Space
     action_space: spaces.Space
     max_episode_steps: int | None = None
+    # Whether stepping runs Python bytecode most of the time (holding the GIL), as
+    # gymnasium's envs do; C++ (envpool) and torch (native) envs release it.
+    steps_in_python: bool = True
     info_keys: tuple[str, ...] = ()
     info_shapes: tuple[tuple[int, ...], ...] = ()  # per info key, known after reset
 

@@ -182,6 +182,8 @@ def _flat_info(info: dict[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
 
 
 class EnvpoolVecEnv(VecEnv):
+    steps_in_python = False
+
     def __init__(
         self,
         env_id: str,

@@ -121,6 +121,8 @@ def generator_seed(seeds: list[int] | np.ndarray) -> int:
 
 
 class NativeVecEnv(VecEnv):
+    steps_in_python = False
+
     def __init__(
         self,
         env_id: str,
