@@ -5,7 +5,7 @@ of one env with ``--num-envs`` lanes and the same policy. Prints frames/s and
 the ratio to the plain loop, and appends a dated record to RESULTS.md.
 
     python benchmarks/bench.py                       # the default matrix
-    python benchmarks/bench.py --envs CartPole --policies mlp --frames 1e5
+    python benchmarks/bench.py --envs CartPole --policies mlp --frames 1e5 --repeat 5
 """
 
 from __future__ import annotations
@@ -91,6 +91,12 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", default=["random", "mlp"])
     parser.add_argument("--writers", nargs="+", default=["hdf5", "memmap"])
     parser.add_argument("--collectors", nargs="+", default=["sync", "multisync"])
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="rounds of the plain loop and the rlcollect rows (run in turn); medians reported",
+    )
     parser.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
     parser.add_argument(
         "--contenders",
@@ -119,13 +125,20 @@ def main() -> None:
     try:
         for env in args.envs:
             for policy in args.policies:
-                base = plain_loop(PRESETS[env], args.num_envs, policy, frames)
-                record(env, policy, "plain gymnasium loop", base, base)
-                for collector in args.collectors:
-                    for writer in args.writers:
-                        out = tmp / writer
-                        fps = rlcollect(env, args.num_envs, policy, collector, writer, frames, out)
-                        record(env, policy, f"rlcollect {collector}, {writer}", fps, base)
+                # the VM's speed drifts: contenders run in turn, `repeat` rounds, medians kept
+                runs: dict[str, list[float]] = {}
+                for _ in range(max(1, args.repeat)):
+                    fps = plain_loop(PRESETS[env], args.num_envs, policy, frames)
+                    runs.setdefault("plain gymnasium loop", []).append(fps)
+                    for collector in args.collectors:
+                        for writer in args.writers:
+                            fps = rlcollect(
+                                env, args.num_envs, policy, collector, writer, frames, tmp / writer
+                            )
+                            runs.setdefault(f"rlcollect {collector}, {writer}", []).append(fps)
+                base = float(np.median(runs["plain gymnasium loop"]))
+                for name, values in runs.items():
+                    record(env, policy, name, float(np.median(values)), base)
                 if args.contenders and contenders.available("torchrl"):
                     for workers in (0, 2):
                         lanes = args.num_envs // max(1, workers)
@@ -172,7 +185,8 @@ def main() -> None:
     lines = [
         *record.header(),
         f"Work: {frames} frames per contender, {args.num_envs} envs per process "
-        "(multisync: 2 workers), torch threads 1\n",
+        f"(multisync: 2 workers), torch threads 1; plain loop and rlcollect rows: median of "
+        f"{args.repeat} rounds run in turn, the other contenders once\n",
         "| env | policy | contender | frames/s | vs plain loop |",
         "|---|---|---|---:|---:|",
     ]

@@ -44,6 +44,14 @@ from collect_cli.exploration import interaction
 from collect_cli.policies import PolicyFactory, RandomPolicy, torch_dtype
 
 
+def _host(x: torch.Tensor) -> np.ndarray:
+    """A policy output as a numpy array (a view for CPU tensors; the rollout runs
+    under ``no_grad``, so nothing requires grad unless the policy forces it)."""
+    if x.device.type == "cpu" and not x.requires_grad:
+        return x.numpy()
+    return x.detach().cpu().numpy()
+
+
 class SyncCollector(DevicePathMixin, CollectorBase):
     def __init__(
         self,
@@ -271,7 +279,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                     dst[t] = 0
             else:
                 out = self.policy(self._policy_input(self._obs))
-                outputs = [out.get(k).detach().cpu().numpy() for k, _ in policy_views]
+                outputs = [_host(out.get(k)) for k, _ in policy_views]
                 for (_, dst), src in zip(policy_views, outputs, strict=True):
                     dst[t] = src
                 actions = [outputs[i] for i in act_idx]

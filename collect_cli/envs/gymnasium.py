@@ -119,11 +119,17 @@ class GymnasiumVecEnv(VecEnv):
         next_leaves = obs_leaves
         ended = info.get("_final_obs")
         if ended is not None and ended.any():
-            next_leaves = [a.copy() for a in obs_leaves]
-            for lane in np.flatnonzero(ended):
-                final = specs.split(info["final_obs"][lane], self.observation_space)
-                for dst, src in zip(next_leaves, final, strict=True):
-                    dst[lane] = src
+            lanes = np.flatnonzero(ended)
+            finals = info["final_obs"]
+            if not isinstance(self.observation_space, (gym.spaces.Dict, gym.spaces.Tuple)):
+                next_leaves = [obs_leaves[0].copy()]
+                next_leaves[0][lanes] = np.stack([finals[lane] for lane in lanes])
+            else:
+                next_leaves = [a.copy() for a in obs_leaves]
+                for lane in lanes:
+                    final = specs.split(finals[lane], self.observation_space)
+                    for dst, src in zip(next_leaves, final, strict=True):
+                        dst[lane] = src
         return StepResult(
             obs=obs_leaves,
             next_obs=next_leaves,
