@@ -62,16 +62,16 @@ def env_only(args, frames: int) -> float:
     policy = policy_factory(args.policy, args.device)(env.observation_space, env.action_space)
     from tensordict import TensorDict
 
-    obs = env.reset(list(range(args.num_envs)))
+    env.reset(list(range(args.num_envs)))
+    obs = env.obs_tensors()[0]  # on the device: no host copies, no syncs
     steps = max(1, frames // args.num_envs)
     with torch.no_grad():
         for i in range(steps + 10):
             if i == 10:  # warm-up done
                 _sync(args.device)
                 start = time.perf_counter()
-            td = TensorDict({"observation": torch.from_numpy(obs[0])}, [args.num_envs])
-            action = policy(td.to(args.device))["action"].cpu().numpy()
-            obs = env.step([action]).obs
+            td = TensorDict({"observation": obs}, [args.num_envs])
+            obs = env.step_tensors([policy(td)["action"]]).obs
     _sync(args.device)
     return steps * args.num_envs / (time.perf_counter() - start)
 

@@ -228,17 +228,7 @@ class SweepJob:
 
         hydra_cfg = HydraConfig.get()
         num = int(hydra_cfg.job.num)
-        result: dict[str, Any] = {
-            "job": num,
-            "overrides": [readable(str(o)) for o in hydra_cfg.overrides.task],
-            "path": None,
-            "frames": None,
-            "episodes": None,
-            "seconds": None,
-            "frames_per_s": None,
-            "status": "failed",
-            "exit_code": 1,
-        }
+        result = failed_result(num, [readable(str(o)) for o in hydra_cfg.overrides.task])
         if _interrupted:
             result.update(
                 status="skipped",
@@ -391,9 +381,16 @@ def _result(ret: Any, num: int) -> dict[str, Any]:
         error = f"{type(exc).__name__}: {exc}"
     if isinstance(value, dict):
         return value
+    result = failed_result(num, list(getattr(ret, "overrides", None) or []))
+    result["error"] = error if value is None else f"unexpected job result {value!r}"
+    return result
+
+
+def failed_result(num: int, overrides: list[str]) -> dict[str, Any]:
+    """A job's result before (or without) a run: failed, exit code 1."""
     return {
         "job": num,
-        "overrides": list(getattr(ret, "overrides", None) or []),
+        "overrides": overrides,
         "path": None,
         "frames": None,
         "episodes": None,
@@ -401,7 +398,6 @@ def _result(ret: Any, num: int) -> dict[str, Any]:
         "frames_per_s": None,
         "status": "failed",
         "exit_code": 1,
-        "error": error if value is None else f"unexpected job result {value!r}",
     }
 
 
