@@ -28,6 +28,7 @@ from collect_cli.run import run
 
 sys.path.insert(0, str(Path(__file__).parent))
 import contenders
+import record
 
 PRESETS = {"Pendulum": "Pendulum-v1", "CartPole": "CartPole-v1"}
 
@@ -118,7 +119,7 @@ def main() -> None:
     notes = []
     tmp = Path(tempfile.mkdtemp(prefix="rlcollect-bench-"))
 
-    def record(env: str, policy: str, name: str, fps: float, base: float) -> None:
+    def add_row(env: str, policy: str, name: str, fps: float, base: float) -> None:
         rows.append((env, policy, name, fps, fps / base))
         print(f"{env:9s} {policy:7s} {name:34s} {fps:10.0f} frames/s  ({fps / base:.2f}x plain)")
 
@@ -138,7 +139,7 @@ def main() -> None:
                             runs.setdefault(f"rlcollect {collector}, {writer}", []).append(fps)
                 base = float(np.median(runs["plain gymnasium loop"]))
                 for name, values in runs.items():
-                    record(env, policy, name, float(np.median(values)), base)
+                    add_row(env, policy, name, float(np.median(values)), base)
                 if args.contenders and contenders.available("torchrl"):
                     for workers in (0, 2):
                         lanes = args.num_envs // max(1, workers)
@@ -151,12 +152,12 @@ def main() -> None:
                             workers,
                         )
                         name = "TorchRL MultiSync x2" if workers else "TorchRL SyncDataCollector"
-                        record(env, policy, f"{name}, memmap", fps, base)
+                        add_row(env, policy, f"{name}, memmap", fps, base)
                 if args.contenders and contenders.available("minari"):
                     fps = contenders.minari_run(
                         PRESETS[env], policy, frames, tmp / f"minari-{env}-{policy}"
                     )
-                    record(env, policy, "Minari DataCollector, hdf5", fps, base)
+                    add_row(env, policy, "Minari DataCollector, hdf5", fps, base)
         if args.envpool and contenders.available("envpool"):
             base = next(
                 (r[3] for r in rows if r[:3] == ("Pendulum", "random", "plain gymnasium loop")),
@@ -167,7 +168,7 @@ def main() -> None:
                 "Pendulum", 256, "random", "sync", "hdf5", max(frames, 2_000_000), tmp / "ep.h5",
                 "env.backend=envpool", "frames_per_batch=25600", "+env.kwargs.num_threads=2",
             )  # fmt: skip
-            record("Pendulum", "random", "rlcollect sync, envpool x256, hdf5", fps, base)
+            add_row("Pendulum", "random", "rlcollect sync, envpool x256, hdf5", fps, base)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.contenders:

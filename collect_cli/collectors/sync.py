@@ -140,22 +140,22 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         elif device_path and not steps_on_device(self.env):
             raise ConfigError(f"device_path=True needs a native env, not {self.env.env_id}")
         self._device_buffers = None
-        if device_path:
-            env_device = self.env.device
-            self._device_buffers = DeviceBuffers(first, env_device, batch_buffers, shared_memory)
-            self._buffers = [host.transpose(0, 1) for host in self._device_buffers.hosts]
-            self._buffer, self._views = self._buffers[0], {}
-            return
-        stores = [first] + [first.clone() for _ in range(max(1, batch_buffers) - 1)]
-        if shared_memory:  # before taking views: sharing moves the storage
-            for store in stores:
-                store.share_memory_()
+        self._all_views: list[dict[tuple[str, ...], np.ndarray]] = []
+        if device_path:  # filled on the env's device, then copied into these
+            device_buffers = DeviceBuffers(first, self.env.device, batch_buffers, shared_memory)
+            self._device_buffers, stores = device_buffers, device_buffers.hosts
+        else:
+            stores = [first] + [first.clone() for _ in range(max(1, batch_buffers) - 1)]
+            if shared_memory:  # before taking views: sharing moves the storage
+                for store in stores:
+                    store.share_memory_()
+            self._all_views = [
+                {(k if isinstance(k, tuple) else (k,)): v.numpy() for k, v in b.items(True, True)}
+                for b in stores
+            ]
         self._buffers = [store.transpose(0, 1) for store in stores]
-        self._all_views = [
-            {(k if isinstance(k, tuple) else (k,)): v.numpy() for k, v in b.items(True, True)}
-            for b in stores
-        ]
-        self._buffer, self._views = self._buffers[0], self._all_views[0]
+        self._buffer = self._buffers[0]
+        self._views = self._all_views[0] if self._all_views else {}
 
     # -- set-up -----------------------------------------------------------------------
     def _policy_input(self, obs: list[np.ndarray]) -> TensorDict:
