@@ -2,8 +2,8 @@
 # GPU checks of env.backend=native, in one call of under 5 minutes on a CUDA machine.
 #
 #   1. pytest -m gpu: native envs on cuda vs cpu (one step from 2000 states per env),
-#      reproducibility on cuda, the collector's device path on cuda, and
-#      `rlcollect run ... device=cuda:0` on both writers
+#      reproducibility on cuda, the collector's device path on cuda, a CUDA policy
+#      over a host env, and `rlcollect run ... device=cuda:0` on both writers
 #   2. frames/s: env + policy on the GPU (the ceiling), collected on the GPU and
 #      copied to the host once per batch (SyncCollector, no writer), then the same
 #      job written to memmap by the CLI: Pendulum, 65536 envs, MLP policy

@@ -159,22 +159,40 @@ class SyncCollector(DevicePathMixin, CollectorBase):
 
     # -- set-up -----------------------------------------------------------------------
     def _policy_input(self, obs: list[np.ndarray]) -> TensorDict:
-        """The policy's input TensorDict. On CPU one TensorDict over persistent
-        arrays is refilled each step (building a TensorDict costs more than a step
-        of a classic-control env); the policy's own outputs in it are overwritten."""
-        if self.device.type != "cpu":
-            data = {
-                k: torch.from_numpy(np.asarray(a)) for k, a in zip(self._obs_keys, obs, strict=True)
-            }
-            return TensorDict(data, batch_size=[self.num_envs]).to(self.device)
+        """The policy's input TensorDict. One TensorDict over persistent host arrays
+        is refilled each step (building a TensorDict costs more than a step of a
+        classic-control env); the policy's own outputs in it are overwritten. For a
+        CUDA policy the arrays are pinned and copied to the device asynchronously
+        (the step's outputs are synced before they are refilled)."""
         if getattr(self, "_input", None) is None:
-            arrays = [np.array(a) for a in obs]
-            data = {k: torch.from_numpy(a) for k, a in zip(self._obs_keys, arrays, strict=True)}
-            self._input = (arrays, TensorDict(data, batch_size=[self.num_envs]))
+            tensors = [torch.from_numpy(np.array(a)) for a in obs]
+            if self.device.type == "cuda":
+                tensors = [t.pin_memory() for t in tensors]
+            data = dict(zip(self._obs_keys, tensors, strict=True))
+            self._input = ([t.numpy() for t in tensors], TensorDict(data, [self.num_envs]))
         arrays, td = self._input
         for dst, src in zip(arrays, obs, strict=True):
             np.copyto(dst, src)
-        return td
+        return td if self.device.type == "cpu" else td.to(self.device, non_blocking=True)
+
+    def _policy_outputs(self, out: TensorDictBase) -> list[np.ndarray]:
+        """The policy's outputs (``_policy_keys`` order) as host arrays. From a CUDA
+        policy they are copied into pinned buffers asynchronously, with one sync for
+        all of them; the arrays are valid until the next step's outputs."""
+        values = [out.get(k) for k in self._policy_keys]
+        if self.device.type != "cuda":
+            return [_host(x) for x in values]
+        pinned = getattr(self, "_pinned_out", None)
+        if pinned is None or any(
+            p.shape != x.shape or p.dtype != x.dtype for p, x in zip(pinned, values, strict=True)
+        ):
+            pinned = self._pinned_out = [
+                torch.empty(x.shape, dtype=x.dtype).pin_memory() for x in values
+            ]
+        for dst, x in zip(pinned, values, strict=True):
+            dst.copy_(x.detach(), non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return [p.numpy() for p in pinned]
 
     def _allocate(self) -> TensorDict:
         """Dry-run the policy once to learn its outputs, check them, allocate the batch."""
@@ -279,7 +297,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                     dst[t] = 0
             else:
                 out = self.policy(self._policy_input(self._obs))
-                outputs = [_host(out.get(k)) for k, _ in policy_views]
+                outputs = self._policy_outputs(out)
                 for (_, dst), src in zip(policy_views, outputs, strict=True):
                     dst[t] = src
                 actions = [outputs[i] for i in act_idx]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from collect_cli import config
 from collect_cli.collectors import MultiSyncCollector, SyncCollector
@@ -132,3 +133,30 @@ def test_batches_reach_the_host_on_every_device(device):
     # where no episode ended, the next step starts from this step's next observation
     same = ~done[:, :-1]
     torch.testing.assert_close(obs[:, 1:][same], nxt[:, :-1][same])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_policy_over_a_host_env_records_its_actions():
+    """gymnasium env on the host, MLP policy on CUDA (pinned, asynchronous copies both
+    ways): every recorded action is the policy's output for the recorded observation."""
+    with SyncCollector(
+        env_factory("Pendulum-v1", 4),
+        policy("mlp", "cuda:0"),
+        device="cuda:0",
+        frames_per_batch=40,
+        total_frames=120,
+        seed=5,
+    ) as c:
+        got = list(c)
+        net = c.policy.to("cpu")
+    for batch in got:
+        obs = batch["observation"].reshape(-1, 3)
+        with torch.no_grad():
+            want = net(TensorDict({"observation": obs}, [obs.shape[0]]))["action"]
+        torch.testing.assert_close(batch["action"].reshape(-1, 1), want, rtol=1e-5, atol=1e-5)
+        # the next step starts from this step's next observation (no stale pinned input)
+        same = ~batch["next", "done"][:, :-1, 0]
+        assert torch.equal(
+            batch["observation"][:, 1:][same], batch["next", "observation"][:, :-1][same]
+        )
