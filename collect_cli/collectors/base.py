@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 from tensordict import TensorDictBase
 from torch.utils.data import IterableDataset
+
+from collect_cli.errors import CollectionError, RlcollectError
 
 
 def derive_seeds(seed: int, count: int, *stream: int) -> list[int]:
@@ -20,6 +22,32 @@ def derive_seeds(seed: int, count: int, *stream: int) -> list[int]:
     """
     seq = np.random.SeedSequence(int(seed) & 0xFFFFFFFFFFFFFFFF, spawn_key=tuple(stream))
     return [int(s) for s in seq.generate_state(count, dtype=np.uint32)]
+
+
+@contextlib.contextmanager
+def env_errors(env_id: str) -> Iterator[None]:
+    """An exception from the env's own code becomes a one-line ``CollectionError``."""
+    try:
+        yield
+    except RlcollectError:
+        raise
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        detail = f": {text[0]}" if text else ""
+        raise CollectionError(f"env {env_id} raised {type(exc).__name__}{detail}") from exc
+
+
+def pad_steps(views: Mapping[tuple[str, ...], Any], start: int) -> None:
+    """Steps ``start...`` of time-major buffer ``views`` (numpy arrays or tensors)
+    become padding: ``collector/mask`` False, ``traj_ids`` -1, everything else 0."""
+    for key, view in views.items():
+        if key == ("collector", "mask"):
+            view[:start] = True
+            view[start:] = False
+        elif key == ("collector", "traj_ids"):
+            view[start:] = -1
+        else:
+            view[start:] = 0
 
 
 class CollectorBase(IterableDataset, metaclass=abc.ABCMeta):

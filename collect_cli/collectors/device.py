@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from collect_cli.errors import CollectionError, RlcollectError
+from collect_cli.collectors.base import env_errors, pad_steps
+from collect_cli.errors import CollectionError
 
 FLAG_KEYS = ("done", "terminated", "truncated")
 
@@ -116,7 +117,7 @@ class DevicePathMixin:
                 filled = t + 1
                 break
         if filled < steps:
-            self._device_pad(v, filled)
+            pad_steps(v, filled)
         self._traj_ids = traj.cpu().numpy()  # waits for the batch: the only sync
         self._next_id = int(next_id)
         self._check_actions(v, filled)
@@ -124,26 +125,8 @@ class DevicePathMixin:
         return host.transpose(0, 1)
 
     def _device_step(self, actions: list[torch.Tensor]):
-        try:
+        with env_errors(self.env.env_id):
             return self.env.step_tensors(actions)
-        except RlcollectError:
-            raise
-        except Exception as exc:
-            text = str(exc).strip().splitlines()
-            detail = f": {text[0]}" if text else ""
-            raise CollectionError(
-                f"env {self.env.env_id} raised {type(exc).__name__}{detail}"
-            ) from exc
-
-    def _device_pad(self, v: dict[tuple[str, ...], torch.Tensor], start: int) -> None:
-        """Steps ``start...`` become padding (see ``SyncCollector._pad``)."""
-        for key, view in v.items():
-            if key == ("collector", "mask"):
-                view[start:] = False
-            elif key == ("collector", "traj_ids"):
-                view[start:] = -1
-            else:
-                view[start:] = 0
 
     def _check_actions(self, v: dict[tuple[str, ...], torch.Tensor], filled: int) -> None:
         """Discrete actions out of range, checked once per batch (a sync per step

@@ -31,7 +31,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from collect_cli.collectors.base import CollectorBase, derive_seeds
+from collect_cli.collectors.base import CollectorBase, derive_seeds, env_errors, pad_steps
 from collect_cli.collectors.device import (
     FLAG_KEYS,
     DeviceBuffers,
@@ -39,7 +39,7 @@ from collect_cli.collectors.device import (
     steps_on_device,
 )
 from collect_cli.envs import VecEnv
-from collect_cli.errors import CollectionError, ConfigError, PolicyError, RlcollectError
+from collect_cli.errors import ConfigError, PolicyError
 from collect_cli.exploration import interaction
 from collect_cli.policies import PolicyFactory, RandomPolicy, torch_dtype
 
@@ -342,26 +342,11 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         self._obs = self.env.reset_lanes(lanes, seeds)
 
     def _pad(self, start: int) -> None:
-        for key, view in self._views.items():  # time-major
-            if key == ("collector", "mask"):
-                view[:start] = True
-                view[start:] = False
-            elif key == ("collector", "traj_ids"):
-                view[start:] = -1
-            else:
-                view[start:] = 0
+        pad_steps(self._views, start)
 
     def _step(self, actions: list[np.ndarray]):
-        try:
+        with env_errors(self.env.env_id):
             return self.env.step(actions)
-        except RlcollectError:
-            raise
-        except Exception as exc:
-            text = str(exc).strip().splitlines()
-            detail = f": {text[0]}" if text else ""
-            raise CollectionError(
-                f"env {self.env.env_id} raised {type(exc).__name__}{detail}"
-            ) from exc
 
     def _new_trajectories(self, lanes: np.ndarray) -> None:
         ids = self._next_id + self._stride * np.arange(len(lanes), dtype=np.int64)
