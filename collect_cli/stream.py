@@ -111,10 +111,10 @@ class WriteBehind:
 
     def submit(self, lane_start: int, batch: Any) -> None:
         self._raise()
-        self._queue.put((lane_start, batch))
-        if not self.background:
-            self._queue.put(None)
-            self._work()
+        if self.background:
+            self._queue.put((lane_start, batch))
+        else:
+            self._write(lane_start, batch)
             self._raise()
 
     def finish(self) -> None:
@@ -129,16 +129,19 @@ class WriteBehind:
             raise self._error
 
     def _work(self) -> None:
-        writer = self.stream.writer
         while (item := self._queue.get()) is not None:
-            try:
-                returns = self.stream.push(*item)
-                writer.commit()
-                self.on_commit(returns)
-            except BaseException as exc:  # re-raised in the collecting thread
-                self._error = exc
-                self._free.release()  # wake a collector waiting in reserve()
+            if not self._write(*item):
                 return
-            finally:
-                del item  # the batch's buffer may be reused from here on
+
+    def _write(self, lane_start: int, batch: Any) -> bool:
+        """Push, commit and report one batch; False (the error kept) if that failed."""
+        try:
+            returns = self.stream.push(lane_start, batch)
+            self.stream.writer.commit()
+            self.on_commit(returns)
+        except BaseException as exc:  # re-raised in the collecting thread
+            self._error = exc
+            return False
+        finally:  # the batch's buffer may be reused (a collector in reserve() wakes up)
             self._free.release()
+        return True
