@@ -14,7 +14,8 @@ from collect_cli.writers import open_dataset
 from tests.conftest import out_path
 from tests.helpers import assert_consistent, start_run
 
-RUNS_PER_BACKEND = 10
+# more kills for a local soak: RLCOLLECT_CRASH_RUNS=40 pytest tests/test_crash.py
+RUNS_PER_BACKEND = int(os.environ.get("RLCOLLECT_CRASH_RUNS", "10"))
 
 
 @pytest.mark.parametrize("backend", ["hdf5", "memmap"])

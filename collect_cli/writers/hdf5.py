@@ -247,6 +247,11 @@ class Hdf5Writer(Writer):
             ds[start : start + count] = rows[name]
 
     def _commit(self) -> None:
+        # The frames first, then the attributes that count them: a flush writes dirty
+        # metadata in HDF5's own order, so with one flush a kill in its middle could
+        # leave the new frame count on disk without the chunk index entries (each
+        # batch allocates new chunks) that make the batch's frames readable.
+        self._file.flush()
         encode_attrs(self._file.attrs, self.meta, self._attrs_written)
         self._file.flush()
 
