@@ -6,7 +6,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tensordict import TensorDictBase
@@ -22,6 +22,47 @@ def derive_seeds(seed: int, count: int, *stream: int) -> list[int]:
     """
     seq = np.random.SeedSequence(int(seed) & 0xFFFFFFFFFFFFFFFF, spawn_key=tuple(stream))
     return [int(s) for s in seq.generate_state(count, dtype=np.uint32)]
+
+
+FLAG_KEYS = ("done", "terminated", "truncated")
+
+
+class BatchViews(NamedTuple):
+    """The per-key views of one time-major batch buffer that a rollout writes."""
+
+    obs: list[Any]
+    next_obs: list[Any]
+    policy: list[tuple[tuple[str, ...], Any]]  # every policy output, actions included
+    act_idx: list[int]  # where the actions are in ``policy``
+    extras: list[Any]  # the other policy outputs (zeros during random steps)
+    reward: Any
+    traj: Any
+    done: Any
+    terminated: Any
+    truncated: Any
+
+
+def batch_views(
+    v: Mapping[tuple[str, ...], Any],
+    obs_keys: list[tuple[str, ...]],
+    policy_keys: list[tuple[str, ...]],
+    act_keys: list[tuple[str, ...]],
+) -> BatchViews:
+    """Pick a rollout's views out of ``v`` (key tuple -> numpy array or tensor)."""
+    policy = [(k, v[k]) for k in policy_keys]
+    act_idx = [policy_keys.index(k) for k in act_keys]
+    return BatchViews(
+        obs=[v[k] for k in obs_keys],
+        next_obs=[v[("next", *k)] for k in obs_keys],
+        policy=policy,
+        act_idx=act_idx,
+        extras=[view for i, (_, view) in enumerate(policy) if i not in act_idx],
+        reward=v[("next", "reward")],
+        traj=v[("collector", "traj_ids")],
+        done=v[("next", "done")],
+        terminated=v[("next", "terminated")],
+        truncated=v[("next", "truncated")],
+    )
 
 
 @contextlib.contextmanager

@@ -22,10 +22,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from collect_cli.collectors.base import env_errors, pad_steps
+from collect_cli.collectors.base import batch_views, env_errors, pad_steps
 from collect_cli.errors import CollectionError
-
-FLAG_KEYS = ("done", "terminated", "truncated")
 
 
 def steps_on_device(env: Any) -> bool:
@@ -40,14 +38,14 @@ class DeviceBuffers:
 
     def __init__(self, template: TensorDict, device: torch.device, count: int, shared: bool):
         self.device = device
-        self.on_cpu = device.type == "cpu"
+        on_cpu = device.type == "cpu"
         self.hosts = [template] + [template.clone() for _ in range(max(1, count) - 1)]
         if shared:  # worker processes: the main process reads these
             for host in self.hosts:
                 host.share_memory_()
-        elif not self.on_cpu:
+        elif not on_cpu:
             self.hosts = [host.pin_memory() for host in self.hosts]
-        self.work = None if self.on_cpu else template.to(device)
+        self.work = None if on_cpu else template.to(device)
 
     def turn(self, index: int) -> tuple[TensorDict, TensorDict]:
         """``(device buffer, host buffer)`` of batch number ``index``."""
@@ -70,13 +68,10 @@ class DevicePathMixin:
         v = {(k if isinstance(k, tuple) else (k,)): x for k, x in work.items(True, True)}
         n, steps, env = self.num_envs, self.steps_per_batch, self.env
         dev = self._device_buffers.device
-        obs_views = [v[k] for k in self._obs_keys]
-        next_views = [v[("next", *k)] for k in self._obs_keys]
-        policy_views = [(k, v[k]) for k in self._policy_keys]
-        act_idx = [self._policy_keys.index(k) for k in self._act_keys]
-        extra_views = [view for i, (_, view) in enumerate(policy_views) if i not in act_idx]
-        reward, traj_view = v[("next", "reward")], v[("collector", "traj_ids")]
-        n_done, n_term, n_trunc = (v[("next", f)] for f in FLAG_KEYS)
+        bv = batch_views(v, self._obs_keys, self._policy_keys, self._act_keys)
+        obs_views, next_views, policy_views = bv.obs, bv.next_obs, bv.policy
+        act_idx, extra_views, reward, traj_view = bv.act_idx, bv.extras, bv.reward, bv.traj
+        n_done, n_term, n_trunc = bv.done, bv.terminated, bv.truncated
         v[("collector", "mask")].fill_(True)  # this buffer may hold an earlier padded batch
         stride = self._stride
         traj = torch.from_numpy(self._traj_ids).to(dev)
@@ -118,7 +113,7 @@ class DevicePathMixin:
                 break
         if filled < steps:
             pad_steps(v, filled)
-        self._traj_ids = traj.cpu().numpy()  # waits for the batch: the only sync
+        self._traj_ids = traj.cpu().numpy()  # waits for the batch (no sync before this)
         self._next_id = int(next_id)
         self._check_actions(v, filled)
         self._device_buffers.download(work, host)

@@ -31,13 +31,15 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from collect_cli.collectors.base import CollectorBase, derive_seeds, env_errors, pad_steps
-from collect_cli.collectors.device import (
+from collect_cli.collectors.base import (
     FLAG_KEYS,
-    DeviceBuffers,
-    DevicePathMixin,
-    steps_on_device,
+    CollectorBase,
+    batch_views,
+    derive_seeds,
+    env_errors,
+    pad_steps,
 )
+from collect_cli.collectors.device import DeviceBuffers, DevicePathMixin, steps_on_device
 from collect_cli.envs import VecEnv
 from collect_cli.errors import ConfigError, PolicyError
 from collect_cli.exploration import interaction
@@ -274,14 +276,11 @@ class SyncCollector(DevicePathMixin, CollectorBase):
     def _fill(self, stop: Callable[[], bool] | None) -> TensorDict:
         v = self._views
         mask = v[("collector", "mask")]
-        obs_views = [v[k] for k in self._obs_keys]
-        next_views = [v[("next", *k)] for k in self._obs_keys]
-        policy_views = [(k, v[k]) for k in self._policy_keys]
-        act_idx = [self._policy_keys.index(k) for k in self._act_keys]
-        extra_views = [view for i, (_, view) in enumerate(policy_views) if i not in act_idx]
+        bv = batch_views(v, self._obs_keys, self._policy_keys, self._act_keys)
+        obs_views, next_views, policy_views = bv.obs, bv.next_obs, bv.policy
+        act_idx, extra_views, reward, traj = bv.act_idx, bv.extras, bv.reward, bv.traj
+        n_done, n_term, n_trunc = bv.done, bv.terminated, bv.truncated
         info_views = [v[k] for k in self._info_keys]
-        reward, traj = v[("next", "reward")], v[("collector", "traj_ids")]
-        n_done, n_term, n_trunc = (v[("next", f)] for f in FLAG_KEYS)
         limit = self.max_frames_per_traj
         if limit > 0:
             count, next_count = v[("step_count",)], v[("next", "step_count")]
