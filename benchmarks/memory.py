@@ -1,12 +1,12 @@
 """Peak RSS of ``rlcollect run`` as the run grows: data must stream to disk.
 
-Runs the real CLI in a subprocess for each ``--frames`` value (Pendulum, random
-policy, HDF5; the envpool backend with 256 envs when installed, so 1e7 frames
-take about a minute here, else gymnasium with 8) and reads the child's peak
-resident set size from ``wait4``. Appends a dated record to RESULTS.md.
+Runs the real CLI in a subprocess for each ``--frames`` value and writer
+(Pendulum, random policy, hdf5 and memmap; the envpool backend with 256 envs
+when installed, so 1e7 frames take about 30 s here, else gymnasium with 8) and
+reads the child's peak resident set size from ``wait4``. Appends a dated record to RESULTS.md.
 
-    python benchmarks/memory.py                     # 1e6 and 1e7 frames
-    python benchmarks/memory.py --frames 1e5 1e6 --no-record
+    python benchmarks/memory.py                     # 1e6 and 1e7 frames, both writers
+    python benchmarks/memory.py --frames 1e5 1e6 --writers memmap --no-record
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ def peak_rss(args: list[str]) -> tuple[int, float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", nargs="+", type=float, default=[1e6, 1e7])
+    parser.add_argument("--writers", nargs="+", default=["hdf5", "memmap"])
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     envpool = importlib.util.find_spec("envpool") is not None
@@ -55,39 +57,48 @@ def main() -> None:
     )
     rows = []
     with tempfile.TemporaryDirectory(prefix="rlcollect-mem-") as tmp:
-        for frames in args.frames:
-            out = Path(tmp) / "mem.h5"
-            run_args = [
-                "env=Pendulum",
-                *backend,
-                f"total_frames={int(frames)}",
-                f"out={out}",
-                "overwrite=true",
-                "progress=none",
-            ]
-            rss, seconds, summary = peak_rss(run_args)
-            size = out.stat().st_size
-            rows.append((int(frames), rss, seconds, size))
+        for writer in args.writers:
+            for frames in args.frames:
+                out = Path(tmp) / f"mem.{writer}"
+                run_args = [
+                    "env=Pendulum",
+                    *backend,
+                    f"total_frames={int(frames)}",
+                    f"writer={writer}",
+                    f"out={out}",
+                    "overwrite=true",
+                    "progress=none",
+                ]
+                rss, seconds, summary = peak_rss(run_args)
+                files = [out] if out.is_file() else [p for p in out.rglob("*") if p.is_file()]
+                size = sum(p.stat().st_size for p in files)
+                rows.append((writer, int(frames), rss, seconds, size))
+                print(
+                    f"{writer:>6} {int(frames):>12,d} frames: peak RSS {rss / 2**20:8.1f} MiB, "
+                    f"{seconds:6.1f} s, data {size / 2**20:8.1f} MiB  {summary}",
+                    flush=True,
+                )
+                shutil.rmtree(out) if out.is_dir() else out.unlink()
+    first = {}
+    for writer, frames, rss, _, _ in rows:
+        first.setdefault(writer, (frames, rss))
+        base_frames, base = first[writer]
+        if frames != base_frames:
             print(
-                f"{int(frames):>12,d} frames: peak RSS {rss / 2**20:8.1f} MiB, "
-                f"{seconds:6.1f} s, file {size / 2**20:8.1f} MiB  {summary}",
-                flush=True,
+                f"{writer}: {frames:,d} frames: peak RSS {rss / base:.3f}x "
+                f"the {base_frames:,d}-frame run"
             )
-            out.unlink()
-    first = rows[0][1]
-    for frames, rss, _, _ in rows[1:]:
-        print(f"{frames:,d} frames: peak RSS {rss / first:.3f}x the {rows[0][0]:,d}-frame run")
     if args.no_record:
         return
     lines = [
         *record.header("peak RSS"),
-        f"Work: `rlcollect run env=Pendulum {' '.join(backend)}` (random policy, hdf5)\n",
-        "| frames | peak RSS (MiB) | vs first | wall s | file (MiB) |",
-        "|---:|---:|---:|---:|---:|",
+        f"Work: `rlcollect run env=Pendulum {' '.join(backend)} writer=W` (random policy)\n",
+        "| writer | frames | peak RSS (MiB) | vs first | wall s | data (MiB) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {f:,d} | {r / 2**20:.1f} | {r / first:.3f}x | {s:.1f} | {z / 2**20:.1f} |"
-        for f, r, s, z in rows
+        f"| {w} | {f:,d} | {r / 2**20:.1f} | {r / first[w][1]:.3f}x | {s:.1f} | {z / 2**20:.1f} |"
+        for w, f, r, s, z in rows
     ]
     record.append(lines)
 

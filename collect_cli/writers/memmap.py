@@ -29,7 +29,7 @@ from collect_cli.writers.base import Writer
 from collect_cli.writers.episodes import COLUMNS, Rows
 
 META_FILE = "rlcollect.json"
-RELEASE_BYTES = 64 << 20  # written bytes between two page releases (see _release_pages)
+RELEASE_BYTES = 32 << 20  # written bytes between two page releases (see _release_pages)
 TD_CLASS = {"_type": "<class 'tensordict._td.TensorDict'>", "_format_version": 1}
 
 
@@ -72,6 +72,63 @@ def exchange(a: Path, b: Path) -> None:
     os.rename(b, parked)
     os.rename(a, b)
     os.rename(parked, a)
+
+
+def build_frame_file(
+    target: Path,
+    layout: tuple[int, int, int],
+    fill: bytes | None,
+    source: tuple[Path, int] | None,
+    lanes: int,
+    steps: int,
+) -> None:
+    """Create a frame file of ``layout`` = (lanes, steps, bytes per step) on real
+    blocks (a full disk fails here, not as a SIGBUS later), every byte set to the
+    repeating ``fill`` pattern (zeros when None), then the first ``steps`` of the
+    first ``lanes`` lanes copied from ``source`` = (file, its steps per lane).
+
+    Written with file I/O, then synced and dropped from the page cache: pages
+    filled in bulk sit there as large folios, and one write through the writer's
+    mapping into such a folio maps all of it into the process, so a single batch
+    touching every lane would map the whole file (its resident memory would grow
+    with the dataset). Pages faulted in afresh by the writer stay small.
+    """
+    lane_cap, step_cap, row = layout
+    size = lane_cap * step_cap * row
+    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, max(size, 1))
+        if fill is not None:
+            block = fill * max(1, (1 << 22) // len(fill))
+            for offset in range(0, size, len(block)):
+                os.pwrite(fd, block[: size - offset], offset)
+        if source is not None:
+            src_path, src_steps = source
+            with open(src_path, "rb") as src:
+                for lane in range(lanes):
+                    copy_range(
+                        src.fileno(), fd, steps * row, lane * src_steps * row, lane * step_cap * row
+                    )
+        if fill is not None or source is not None:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def copy_range(src: int, dst: int, count: int, src_offset: int, dst_offset: int) -> None:
+    """Copy ``count`` bytes between two files in the kernel (read/write where the
+    filesystem cannot)."""
+    while count > 0:
+        try:
+            done = os.copy_file_range(src, dst, count, src_offset, dst_offset)
+        except OSError as err:
+            if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            done = os.pwrite(dst, os.pread(src, min(count, 1 << 24), src_offset), dst_offset)
+        if done == 0:
+            raise OSError(errno.EIO, "short copy", str(src))
+        count, src_offset, dst_offset = count - done, src_offset + done, dst_offset + done
 
 
 def td_meta_tree(
@@ -195,21 +252,17 @@ class MemmapWriter(Writer):
         shutil.copy2(self.path / "episodes" / "meta.json", staging / "episodes" / "meta.json")
         shutil.copy2(self.path / META_FILE, staging / META_FILE)
         for key, (feat, dtype) in self._specs.items():
+            row = int(np.prod(feat, dtype=np.int64)) * np.dtype(dtype).itemsize
             target = staging.joinpath(*key[:-1], key[-1] + ".memmap")
             target.parent.mkdir(parents=True, exist_ok=True)
-            shape = (lane_capacity, capacity, *feat)
-            with open(target, "wb") as f:  # real blocks, not a sparse file: a full disk fails
-                size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                os.posix_fallocate(f.fileno(), 0, max(size, 1))  # here, not as SIGBUS later
-            new = np.memmap(target, dtype=dtype, mode="r+", shape=shape)
-            old = self._maps.get(key)
-            if old is not None and keep:
-                new[:rows, :keep] = old[:rows, :keep]
-            if key == ("collector", "traj_ids"):
-                new[:, keep:] = -1  # frames not written yet are padding
-                new[rows:] = -1
-            new.flush()
-            del new
+            build_frame_file(
+                target,
+                (lane_capacity, capacity, row),
+                fill=np.full(1, -1, dtype).tobytes() if key == ("collector", "traj_ids") else None,
+                source=(self._file(key), self.capacity) if key in self._maps and keep else None,
+                lanes=rows,
+                steps=keep,
+            )
         self._write_td_meta(
             root=staging,
             capacity=capacity,
