@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -47,3 +48,35 @@ def test_unknown_id_suggests_close_matches():
 def test_unknown_backend():
     with pytest.raises(UsageError, match="choose from gymnasium"):
         env_factory("CartPole-v1", 1, backend="nope")
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])
+def test_steps_like_gymnasiums_same_step_vector_env(env_id):
+    """The hand-written loop is gymnasium's SyncVectorEnv in same-step autoreset
+    mode, step for step: observations, final observations, rewards and flags."""
+    n, seeds = 4, [11, 12, 13, 14]
+    ours = env_factory(env_id, n, kwargs={"max_episode_steps": 25})()
+    ref = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id, max_episode_steps=25)] * n,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    obs, _ = ref.reset(seed=seeds)
+    assert np.array_equal(ours.reset(seeds)[0], obs)
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(120):
+        action = rng.integers(0, ref.single_action_space.n, n)
+        step = ours.step([action])
+        obs, reward, terminated, truncated, info = ref.step(action)
+        final = obs.copy()
+        for lane in np.flatnonzero(info.get("_final_obs", np.zeros(n, bool))):
+            final[lane] = info["final_obs"][lane]
+        ends += int((terminated | truncated).sum())
+        assert np.array_equal(step.obs[0], obs)
+        assert np.array_equal(step.next_obs[0], final)
+        assert np.array_equal(step.reward, reward.astype(np.float32))
+        assert np.array_equal(step.terminated, terminated)
+        assert np.array_equal(step.truncated, truncated)
+    assert ends >= n  # episodes ended (and were reset) along the way
+    ours.close()
+    ref.close()
