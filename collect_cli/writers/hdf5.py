@@ -175,12 +175,10 @@ def encode_attrs(
 
 def in_place(attrs: h5py.AttributeManager, key: str, value: Any) -> bool:
     """Whether ``value`` is numeric and ``key`` exists with its shape."""
-    if isinstance(value, (bool, str, bytes)) or key not in attrs:
+    if key not in attrs:
         return False
     array = np.asarray(value)
-    if array.dtype.kind not in "iuf":
-        return False
-    return attrs.get_id(key).shape == array.shape
+    return array.dtype.kind in "iuf" and attrs.get_id(key).shape == array.shape
 
 
 def decode_attrs(attrs: h5py.AttributeManager) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Memmap backend: a directory that ``TensorDict.load_memmap(path)`` opens whole.
 
 Frame keys are ``<key>.memmap`` files shaped ``[lanes, capacity, ...]`` (nested
-keys in sub-directories), with the capacity preallocated as sparse files: the
+keys in sub-directories), with the capacity allocated on disk up front (see build_frame_file): the
 planned number of steps for a finite run, doubling for an endless one, and
 compacted to the written steps when an endless run completes. Frames not yet
 written carry ``collector/mask`` False. ``episodes/`` columns are append-only
