@@ -156,21 +156,24 @@ def build_collector(
         return collectors.SyncCollector(
             make_env, policy, return_same_td=True, batch_buffers=2, **common
         )
-    start_method = None if coll.start_method == "auto" else coll.start_method
+    # Workers get their next batch queued ahead (prefetch=2): none waits for this
+    # process, whose writer thread shares the CPU with them. Preemption's stop
+    # signal must reach only the batch being gathered, so it asks one at a time.
+    common["start_method"] = None if coll.start_method == "auto" else coll.start_method
     if coll.name == "multisync":
         return collectors.MultiSyncCollector(
             make_env,
             policy,
             num_workers=coll.workers,
             preemptive_threshold=coll.preemptive_threshold,
-            start_method=start_method,
+            prefetch=2 if coll.preemptive_threshold >= 1.0 else 1,
             **common,
         )
     if coll.name == "multiasync":
         return collectors.MultiAsyncCollector(
-            make_env, policy, num_workers=coll.workers, start_method=start_method, **common
+            make_env, policy, num_workers=coll.workers, prefetch=2, **common
         )
-    return collectors.AsyncCollector(make_env, policy, start_method=start_method, **common)
+    return collectors.AsyncCollector(make_env, policy, prefetch=2, **common)
 
 
 def planned_steps(collector, total_frames: int, split_trajs: bool = False) -> int | None:

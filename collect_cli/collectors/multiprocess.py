@@ -71,6 +71,7 @@ class _MultiCollector(CollectorBase):
         seed: int = 0,
         start_method: str | None = None,
         worker_threads: int = 1,
+        prefetch: int = 1,
         traj_id_start: int = 0,
         max_frames_per_traj: int = -1,
         init_random_frames: int = 0,
@@ -81,11 +82,23 @@ class _MultiCollector(CollectorBase):
         device_path: bool | None = None,
     ):
         """Rollout options as in :class:`SyncCollector`; ``init_random_frames``
-        counts over all workers (each takes its share)."""
+        counts over all workers (each takes its share).
+
+        ``prefetch``: batches each worker may have asked for and not yet handed
+        over (each in a shared buffer of its own). With 1, a worker starts its
+        next batch as soon as its last one is copied out; with 2 it already has
+        the next one queued when it finishes, so it never waits for the main
+        process (whose writer thread competes for the CPU), and a slower
+        worker's lag is absorbed over two batches. Weights sent by
+        :meth:`update_policy_weights_` then reach the batch after the ones
+        already asked for."""
         if split_trajs and not reset_when_done:
             raise ConfigError("split_trajs=True needs reset_when_done=True")
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self._closed = True
         self.split_trajs = split_trajs
+        self.prefetch = int(prefetch)
         factories = (
             list(create_env_fn)
             if isinstance(create_env_fn, Sequence)
@@ -106,8 +119,10 @@ class _MultiCollector(CollectorBase):
         self._stop_event = ctx.Event()
         self._procs: list[Any] = []
         self._conns: list[Any] = []
-        self._pending: set[int] = set()  # workers asked to collect, batch not yet received
-        self._arrived: set[int] = set()  # batches received but not consumed
+        # per worker: batches asked for, received, and handed over (copied out)
+        self._asked = [0] * self.num_workers
+        self._got = [0] * self.num_workers
+        self._used = [0] * self.num_workers
         self._closed = False
         worker_seeds = derive_seeds(seed, self.num_workers, 3)
         options = {
@@ -117,6 +132,7 @@ class _MultiCollector(CollectorBase):
             "reset_when_done": reset_when_done,
             "exploration_type": exploration_type,
             "device_path": device_path,
+            "batch_buffers": self.prefetch,
         }
         try:
             for index, factory in enumerate(factories):
@@ -143,10 +159,10 @@ class _MultiCollector(CollectorBase):
                 child.close()
                 self._procs.append(proc)
                 self._conns.append(parent)
-            self._buffers: list[TensorDictBase] = []
+            self._buffers: list[list[TensorDictBase]] = []
             for index in range(self.num_workers):
-                buffer, env_id, spaces, max_steps = self._expect(index, "ready")
-                self._buffers.append(buffer)
+                buffers, env_id, spaces, max_steps = self._expect(index, "ready")
+                self._buffers.append(buffers)
             self.env_id = env_id
             self.observation_space = specs.rebuild(spaces[0])
             self.action_space = specs.rebuild(spaces[1])
@@ -154,17 +170,18 @@ class _MultiCollector(CollectorBase):
         except BaseException:
             self.shutdown()
             raise
-        widths = [b.batch_size[0] for b in self._buffers]
+        widths = [b[0].batch_size[0] for b in self._buffers]
         self.lane_starts = [sum(widths[:i]) for i in range(self.num_workers)]
         self.lanes = sum(widths)
-        self.steps_per_batch = self._buffers[0].batch_size[1]
+        self.steps_per_batch = self._buffers[0][0].batch_size[1]
 
     def _worker_frames(self) -> int:
         return self.requested_frames_per_batch
 
     # -- messaging ---------------------------------------------------------------------
     def _recv(self, candidates: set[int]) -> tuple[int, tuple[str, Any]]:
-        """The next message from any worker in ``candidates``; raises if one died or failed."""
+        """The next message from any worker in ``candidates``; raises if one died or failed.
+        A batch message is counted as received here."""
         by_conn = {self._conns[i]: i for i in candidates}
         by_sentinel = {self._procs[i].sentinel: i for i in candidates}
         while True:
@@ -178,6 +195,8 @@ class _MultiCollector(CollectorBase):
                         continue  # the sentinel tells why
                     if message[0] == "error":
                         raise _worker_error(index, self._procs[index].pid, *message[1])
+                    if message[0] == "batch":
+                        self._got[index] += 1
                     return index, message
             for obj in ready:
                 if obj in by_sentinel:
@@ -189,14 +208,11 @@ class _MultiCollector(CollectorBase):
                     )
 
     def _expect(self, index: int, kind: str) -> Any:
-        """Wait for ``kind`` from worker ``index``, banking batches that arrive first."""
+        """Wait for ``kind`` from worker ``index`` (batches arriving first are banked)."""
         while True:
-            got, (what, payload) = self._recv({index})
+            _, (what, payload) = self._recv({index})
             if what == kind:
                 return payload
-            if what == "batch":
-                self._pending.discard(got)
-                self._arrived.add(got)
 
     def _send(self, index: int, command: str, arg: Any = None) -> None:
         try:
@@ -204,34 +220,42 @@ class _MultiCollector(CollectorBase):
         except (BrokenPipeError, OSError):
             self._recv({index})  # raises with the worker's cause
             raise
-        if command == "collect":
-            self._pending.add(index)
 
     def _collect(self, index: int) -> None:
-        self._arrived.discard(index)
+        """Ask worker ``index`` for one more batch (into its next buffer in turn)."""
         self._send(index, "collect")
+        self._asked[index] += 1
+
+    def _room(self, index: int) -> bool:
+        """Whether worker ``index`` has a free buffer for another batch."""
+        return self._asked[index] - self._used[index] < self.prefetch
 
     def _next_batch(self, candidates: set[int]) -> int:
-        """A worker among ``candidates`` whose batch is ready (waiting if needed)."""
-        for index in candidates - self._pending - self._arrived:
-            self._collect(index)
-        for index in sorted(self._arrived & candidates):
-            self._arrived.discard(index)
-            return index
-        while True:
-            index, (what, _) = self._recv(candidates & self._pending)
-            if what == "batch":
-                self._pending.discard(index)
+        """A worker among ``candidates`` with a batch received and not yet handed
+        over, waiting for one if needed (the caller has asked for it)."""
+        for index in sorted(candidates):
+            if self._got[index] > self._used[index]:
                 return index
+        waiting = {i for i in candidates if self._asked[i] > self._got[i]}
+        while True:
+            index, (what, _) = self._recv(waiting)
+            if what == "batch":
+                return index
+
+    def _hand_over(self, index: int) -> TensorDictBase:
+        """Worker ``index``'s oldest unused batch (its buffer is free again after this
+        call returns: copy what must outlive it)."""
+        buffer = self._buffers[index][self._used[index] % self.prefetch]
+        self._used[index] += 1
+        return buffer
 
     def _drain(self) -> None:
         """Wait for batches still being collected (before control commands).
 
-        They stay banked: the next iteration step yields them.
+        They stay banked: the next iteration steps yield them.
         """
-        while self._pending:
-            index = self._next_batch(set(self._pending))
-            self._arrived.add(index)
+        while busy := {i for i in range(self.num_workers) if self._asked[i] > self._got[i]}:
+            self._recv(busy)
 
     def _control(self, command: str, arg_for=lambda index: None) -> list[Any]:
         self._drain()
@@ -309,6 +333,9 @@ class MultiSyncCollector(_MultiCollector):
     def __init__(self, *args: Any, preemptive_threshold: float = 1.0, **kwargs: Any):
         if not 0.0 < preemptive_threshold <= 1.0:
             raise ValueError(f"preemptive_threshold must be in (0, 1], got {preemptive_threshold}")
+        if preemptive_threshold < 1.0 and kwargs.get("prefetch", 1) > 1:
+            # one stop signal for all: it must only reach the batch being gathered
+            raise ValueError("preemptive_threshold < 1 needs prefetch=1")
         self.preemptive_threshold = preemptive_threshold
         super().__init__(*args, **kwargs)
         self.frames_per_batch = self.lanes * self.steps_per_batch
@@ -320,18 +347,27 @@ class MultiSyncCollector(_MultiCollector):
         everyone = set(range(self.num_workers))
         quorum = math.ceil(self.preemptive_threshold * self.num_workers)
         frames = 0
+
+        def ask_ahead() -> None:
+            # rounds asked beyond those handed over, at most a full batch each
+            while all(self._room(i) for i in everyone):
+                ahead = max(self._asked[i] - self._used[i] for i in everyone)
+                if 0 <= self.total_frames <= frames + ahead * self.frames_per_batch:
+                    return
+                for index in everyone:
+                    self._collect(index)
+
         while self.total_frames < 0 or frames < self.total_frames:
+            ask_ahead()
             done: set[int] = set()
             while done != everyone:
                 done.add(self._next_batch(everyone - done))
                 if len(done) >= quorum and done != everyone:
                     self._stop_event.set()
             self._stop_event.clear()
-            batch = torch.cat(self._buffers, dim=0)
+            batch = torch.cat([self._hand_over(index) for index in range(self.num_workers)], 0)
             frames += int(batch.get(("collector", "mask")).sum())
-            if self.total_frames < 0 or frames < self.total_frames:
-                for index in everyone:  # the next batch is collected while this one is used
-                    self._collect(index)
+            ask_ahead()  # the next batches are collected while this one is used
             yield 0, self._out(batch)
 
 
@@ -341,17 +377,28 @@ class MultiAsyncCollector(_MultiCollector):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.frames_per_batch = self._buffers[0].numel()
+        self.frames_per_batch = self._buffers[0][0].numel()
 
     def iter_with_lanes(self) -> Iterator[tuple[int, TensorDictBase]]:
         everyone = set(range(self.num_workers))
         frames = 0
+
+        def ask_ahead() -> None:
+            for _ in range(self.prefetch):  # round-robin over the workers' free buffers
+                for index in sorted(everyone):
+                    if not self._room(index):
+                        continue
+                    ahead = sum(self._asked[i] - self._used[i] for i in everyone)
+                    if 0 <= self.total_frames <= frames + ahead * self.frames_per_batch:
+                        return
+                    self._collect(index)
+
         while self.total_frames < 0 or frames < self.total_frames:
+            ask_ahead()
             index = self._next_batch(everyone)
-            batch = self._buffers[index].clone()
+            batch = self._hand_over(index).clone()
             frames += int(batch.get(("collector", "mask")).sum())
-            if self.total_frames < 0 or frames < self.total_frames:
-                self._collect(index)
+            ask_ahead()
             yield self.lane_starts[index], self._out(batch)
 
 

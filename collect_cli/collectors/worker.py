@@ -2,8 +2,10 @@
 
 Protocol (one duplex pipe per worker, main <-> worker):
 
-    worker -> main   ("ready", shared_batch_buffer)     once, after start-up
-    main -> worker   ("collect", None)                   fill the buffer once
+    worker -> main   ("ready", shared_batch_buffers)    once, after start-up
+    main -> worker   ("collect", None)                   fill the next buffer in turn
+                     (up to ``batch_buffers`` may be queued: the main process
+                     asks ahead, and reads buffer k % batch_buffers for batch k)
     worker -> main   ("batch", valid_frames)
     main -> worker   ("update", weights) | ("seed", (seed, static)) | ("reset", None)
                      | ("state_dict", None) | ("load_state_dict", state)
@@ -69,8 +71,7 @@ def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
         )
         env = collector.env
         spaces = (specs.describe(env.observation_space), specs.describe(env.action_space))
-        conn.send(("ready", (collector._buffer, env.env_id, spaces, env.max_episode_steps)))
-        mask = collector._buffer.get(("collector", "mask"))
+        conn.send(("ready", (collector._buffers, env.env_id, spaces, env.max_episode_steps)))
         while True:
             if not conn.poll(PARENT_POLL_S):
                 if os.getppid() != parent_pid:
@@ -78,8 +79,8 @@ def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
                 continue
             command, arg = conn.recv()
             if command == "collect":
-                collector.rollout(stop=stop_event.is_set if stop_event is not None else None)
-                conn.send(("batch", int(mask.sum())))
+                batch = collector.rollout(stop=stop_event.is_set if stop_event else None)
+                conn.send(("batch", int(batch.get(("collector", "mask")).sum())))
             elif command == "close":
                 return
             else:

@@ -146,3 +146,67 @@ def test_api_parity_weights_seed_state_reset():
     c.shutdown()
     c.shutdown()
     assert not descendants(os.getpid())
+
+
+@pytest.mark.parametrize("prefetch", [2, 3])
+def test_prefetch_yields_the_same_batches(prefetch):
+    def run(ahead):
+        c = MultiSyncCollector(
+            env_factory("CartPole-v1", 2),
+            num_workers=2,
+            frames_per_batch=40,
+            total_frames=400,
+            seed=5,
+            prefetch=ahead,
+        )
+        return [b for _, b in gather(c)]
+
+    one, ahead = run(1), run(prefetch)
+    assert len(one) == len(ahead) == 10  # no extra batch past total_frames
+    assert (torch.cat(one, 1) == torch.cat(ahead, 1)).all()
+
+
+def test_multiasync_prefetch_counts_frames_exactly():
+    c = MultiAsyncCollector(
+        env_factory("CartPole-v1", 2),
+        num_workers=2,
+        frames_per_batch=40,
+        total_frames=800,
+        prefetch=2,
+    )
+    out = gather(c)
+    assert sum(b.numel() for _, b in out) == 800
+    for lane in (0, 2):  # each worker's batches continue its own trajectories
+        traj = torch.cat([b["collector", "traj_ids"] for start, b in out if start == lane], 1)
+        done = torch.cat([b["next", "done"] for start, b in out if start == lane], 1)[..., 0]
+        assert ((traj[:, 1:] != traj[:, :-1]) == done[:, :-1]).all()
+
+
+def test_prefetch_reaches_weights_after_the_queued_batches():
+    from collect_cli.policies import MlpPolicy
+
+    env = env_factory("Pendulum-v1", 2)
+    probe = env()
+    policy = MlpPolicy(probe.observation_space, probe.action_space, [8])
+    probe.close()
+    c = MultiSyncCollector(
+        env, policy, num_workers=2, frames_per_batch=40, total_frames=-1, prefetch=2
+    )
+    c.next()
+    c.update_policy_weights_({k: torch.zeros_like(v) for k, v in policy.state_dict().items()})
+    queued = [c.next(), c.next()]  # asked for before the update
+    assert all(not torch.allclose(b["action"], torch.zeros(())) for b in queued)
+    assert torch.allclose(c.next()["action"], torch.zeros(()))
+    c.shutdown()
+
+
+def test_preemption_needs_prefetch_one():
+    with pytest.raises(ValueError, match="prefetch=1"):
+        MultiSyncCollector(
+            env_factory("CartPole-v1", 1),
+            num_workers=2,
+            frames_per_batch=10,
+            preemptive_threshold=0.5,
+            prefetch=2,
+        )
+    assert not descendants(os.getpid())
