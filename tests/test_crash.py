@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -70,3 +73,39 @@ def test_sigkill_at_random_moments_leaves_valid_datasets(tmp_path, backend):
         assert resumed.returncode == 0, stderr
         final = assert_consistent(out)
         assert final["status"] == "complete" and final["frames"] >= target
+
+
+def _strace() -> str | None:
+    """strace, if it is installed and may trace here (ptrace can be forbidden)."""
+    exe = shutil.which("strace")
+    if exe is None:
+        return None
+    probe = subprocess.run([exe, "-o", os.devnull, "true"], capture_output=True)
+    return exe if probe.returncode == 0 else None
+
+
+STRACE = _strace()
+
+
+@pytest.mark.skipif(STRACE is None, reason="needs strace, with ptrace allowed")
+def test_kill_at_each_write_of_hdf5_commits_leaves_a_sound_file(tmp_path):
+    """Fault injection: the run is killed just before its K-th ``pwrite64`` (the
+    write does not happen), for K over several commits of a running dataset, in
+    steps coprime with a commit's writes so that every phase of a commit is hit."""
+    from collect_cli.validate import validate
+
+    def kill_at(k: int) -> tuple[int, list[str]]:
+        out = tmp_path / f"k{k}.h5"
+        cmd = [STRACE, "-f", "-qq", "-o", os.devnull, "-e", "trace=pwrite64"]
+        cmd += ["-e", f"inject=pwrite64:signal=KILL:when={k}"]
+        cmd += [sys.executable, "-m", "collect_cli", "run", "env=Pendulum", "total_frames=-1"]
+        cmd += ["frames_per_batch=200", "writer=hdf5", f"out={out}", "progress=none"]
+        proc = subprocess.run(cmd, capture_output=True, timeout=120)
+        return proc.returncode, validate(out) if out.exists() else []
+
+    points = range(90, 150, 5)
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(points, pool.map(kill_at, points), strict=True))
+    assert all(rc != 0 for rc, _ in results.values())  # every run was killed
+    bad = {k: problems for k, (_, problems) in results.items() if problems}
+    assert not bad

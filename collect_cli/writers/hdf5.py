@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -197,9 +198,59 @@ def overwrite_number(attrs: h5py.AttributeManager, key: str, value: Any) -> bool
     return True
 
 
+# Commit records, written in turn: [seq, frames, steps, episodes, lanes, *lane_steps, crc32].
+# The counters are separate attributes, which one flush writes in several pieces:
+# a kill between them left e.g. ``frames`` of one commit and ``lane_steps`` of the
+# one before. A record is one attribute, and the other slot still holds the
+# previous commit whole if the process dies while one is written.
+COMMIT_SLOTS = ("commit_0", "commit_1")
+COUNTERS = ("frames", "steps", "episodes")
+
+
+def commit_record(seq: int, meta: dict[str, Any]) -> np.ndarray:
+    lanes = np.asarray(meta.get("lane_steps") or [], np.int64)
+    head = [seq, *(int(meta[key]) for key in COUNTERS), len(lanes)]
+    body = np.concatenate([np.asarray(head, np.int64), lanes])
+    return np.append(body, np.int64(zlib.crc32(body.tobytes())))
+
+
+def read_commit(attrs: h5py.AttributeManager) -> dict[str, Any] | None:
+    """The newest whole commit record (``seq``, counters, ``lane_steps``), or None
+    (a file from an older rlcollect, or written by ``merge``)."""
+    best = None
+    for name in COMMIT_SLOTS:
+        try:
+            record = np.asarray(attrs[name], np.int64).ravel()
+        except (KeyError, OSError, ValueError, TypeError):
+            continue  # absent, or cut by a crash while it was rewritten
+        if len(record) < 6 or record[4] != len(record) - 6:
+            continue
+        if zlib.crc32(record[:-1].tobytes()) != record[-1]:
+            continue
+        if best is None or record[0] > best[0]:
+            best = record
+    if best is None:
+        return None
+    counters = dict(zip(COUNTERS, (int(n) for n in best[1:4]), strict=True))
+    return {"seq": int(best[0]), **counters, "lane_steps": best[5:-1].tolist()}
+
+
+def file_meta(attrs: h5py.AttributeManager) -> tuple[dict[str, Any], int]:
+    """The metadata with the counters of the last whole commit, and its sequence number."""
+    meta = decode_attrs(attrs)
+    record = read_commit(attrs)
+    if record is None:
+        return meta, 0
+    seq = record.pop("seq")
+    meta.update(record)
+    return meta, seq
+
+
 def decode_attrs(attrs: h5py.AttributeManager) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     for key, value in attrs.items():
+        if key in COMMIT_SLOTS:
+            continue
         if isinstance(value, bytes):
             value = value.decode()
         elif isinstance(value, (np.generic, np.ndarray)):
@@ -224,6 +275,7 @@ class Hdf5Writer(Writer):
         self._fd: int | None = None
         self._eoa_at: int | None = None
         self._reserved = 0
+        self._seq = 0  # commits made (the last commit record's number)
 
     def _reserve(self, nbytes: int) -> None:
         """Allocate disk space ahead of HDF5, so that a full disk (or a file-size
@@ -262,7 +314,8 @@ class Hdf5Writer(Writer):
 
         self._file.visititems(collect)
         self._created = bool(self._frames)
-        return decode_attrs(self._file.attrs)
+        meta, self._seq = file_meta(self._file.attrs)
+        return meta
 
     def _drop_uncommitted(self) -> None:
         for ds in self._episodes.values():
@@ -321,7 +374,14 @@ class Hdf5Writer(Writer):
         # leave the new frame count on disk without the chunk index entries (each
         # batch allocates new chunks) that make the batch's frames readable.
         self._flush()
-        encode_attrs(self._file.attrs, self.meta, self._attrs_written)
+        attrs = self._file.attrs
+        encode_attrs(attrs, self.meta, self._attrs_written)
+        self._seq += 1
+        record, slot = commit_record(self._seq, self.meta), COMMIT_SLOTS[self._seq % 2]
+        if not overwrite_number(attrs, slot, record):
+            if slot in attrs:  # its size changed (lanes were added)
+                del attrs[slot]
+            attrs[slot] = record
         self._flush()
 
     def _flush(self) -> None:
@@ -354,7 +414,7 @@ class Hdf5Writer(Writer):
 
 def read_meta(path: Path) -> dict[str, Any]:
     with h5py.File(path, "r", locking=False) as f:
-        return decode_attrs(f.attrs)
+        return file_meta(f.attrs)[0]
 
 
 def describe_keys(path: Path) -> list[tuple[str, tuple[int, ...], str]]:
