@@ -377,11 +377,7 @@ class Hdf5Writer(Writer):
         attrs = self._file.attrs
         encode_attrs(attrs, self.meta, self._attrs_written)
         self._seq += 1
-        record, slot = commit_record(self._seq, self.meta), COMMIT_SLOTS[self._seq % 2]
-        if not overwrite_number(attrs, slot, record):
-            if slot in attrs:  # its size changed (lanes were added)
-                del attrs[slot]
-            attrs[slot] = record
+        encode_attrs(attrs, {COMMIT_SLOTS[self._seq % 2]: commit_record(self._seq, self.meta)})
         self._flush()
 
     def _flush(self) -> None:
