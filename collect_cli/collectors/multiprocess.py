@@ -218,8 +218,10 @@ class _MultiCollector(CollectorBase):
         try:
             self._conns[index].send((command, arg))
         except (BrokenPipeError, OSError):
-            self._recv({index})  # raises with the worker's cause
-            raise
+            # The worker is gone. Messages it sent before dying (batches) are still
+            # read first; once they are, _recv raises with its error or exit cause.
+            while True:
+                self._recv({index})
 
     def _collect(self, index: int) -> None:
         """Ask worker ``index`` for one more batch (into its next buffer in turn)."""

@@ -124,6 +124,34 @@ def test_killed_worker_is_noticed_fast():
     assert not descendants(os.getpid())
 
 
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_worker_killed_after_its_batches_are_sent_is_named(cls):
+    # The worker finishes the batches queued for it (their messages wait unread in
+    # its pipe), then dies: the next request to it meets a broken pipe, and the
+    # error must still be the worker's death, not that BrokenPipeError.
+    c = cls(
+        env_factory("CartPole-v1", 2),
+        num_workers=2,
+        frames_per_batch=8,
+        total_frames=-1,
+        prefetch=2,
+    )
+    it = c.iter_with_lanes()
+    next(it)
+    victim = c._procs[1].pid
+    deadline = time.monotonic() + 10
+    while c._conns[1].poll() is False and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)  # its second queued batch (a few ms of work) is sent too
+    os.kill(victim, signal.SIGKILL)
+    c._procs[1].join(10)
+    with pytest.raises(CollectionError, match=rf"worker 1 \(pid {victim}\) was killed by SIGKILL"):
+        for _ in range(10):
+            next(it)
+    c.shutdown()
+    assert not descendants(os.getpid())
+
+
 def test_api_parity_weights_seed_state_reset():
     from collect_cli.policies import MlpPolicy
 
