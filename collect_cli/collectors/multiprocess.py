@@ -14,10 +14,12 @@ themselves if it disappears.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import os
 import signal
+import weakref
 from collections.abc import Iterator, Sequence
 from multiprocessing.connection import wait
 from typing import Any
@@ -32,6 +34,22 @@ from collect_cli.envs import EnvFactory
 from collect_cli.errors import CollectionError, ConfigError
 
 JOIN_TIMEOUT_S = 5.0
+
+
+_LIVE: weakref.WeakSet[_MultiCollector] = weakref.WeakSet()  # collectors not shut down yet
+
+
+@atexit.register
+def _shutdown_live() -> None:
+    """Stop the workers of collectors still running when the interpreter exits.
+
+    Workers ignore SIGTERM (signals are the main process's to handle), so
+    multiprocessing's own exit hook, which terminates and then joins them, would
+    wait for ever. This hook is registered after that one (this module imports
+    multiprocessing first) and so runs before it."""
+    for collector in list(_LIVE):
+        with contextlib.suppress(Exception):
+            collector.shutdown()
 
 
 def _exit_cause(code: int | None) -> str:
@@ -124,6 +142,7 @@ class _MultiCollector(CollectorBase):
         self._got = [0] * self.num_workers
         self._used = [0] * self.num_workers
         self._closed = False
+        _LIVE.add(self)
         worker_seeds = derive_seeds(seed, self.num_workers, 3)
         options = {
             "max_frames_per_traj": max_frames_per_traj,
@@ -297,6 +316,7 @@ class _MultiCollector(CollectorBase):
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
         for index, proc in enumerate(self._procs):
             if proc.is_alive():
                 with contextlib.suppress(BrokenPipeError, OSError):

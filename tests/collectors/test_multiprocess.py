@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -150,6 +152,40 @@ def test_worker_killed_after_its_batches_are_sent_is_named(cls):
             next(it)
     c.shutdown()
     assert not descendants(os.getpid())
+
+
+LEFT_RUNNING = """
+from collect_cli.collectors import {cls}
+from collect_cli.envs import env_factory
+c = {cls}(env_factory("CartPole-v1", 2), num_workers=2, frames_per_batch=40, total_frames=-1)
+it = c.iter_with_lanes()
+next(it)
+print(c._procs[0].pid, c._procs[1].pid, flush=True)
+{end}
+"""
+
+
+@pytest.mark.parametrize("cls", ["MultiSyncCollector", "MultiAsyncCollector"])
+@pytest.mark.parametrize("end", ["pass", "raise RuntimeError('script failed')"])
+def test_script_that_never_shuts_down_still_exits(cls, end):
+    # The workers ignore SIGTERM (signals are the main process's to handle), so
+    # multiprocessing's exit hook alone, which terminates and joins them, would
+    # wait for ever: a script must still end when it forgets shutdown().
+    code = LEFT_RUNNING.format(cls=cls, end=end)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail("the script did not exit")
+    assert proc.returncode == (0 if end == "pass" else 1), err
+    if end != "pass":
+        assert "RuntimeError: script failed" in err
+    for pid in map(int, out.split()):
+        assert not os.path.exists(f"/proc/{pid}"), f"worker {pid} outlived its script"
 
 
 def test_api_parity_weights_seed_state_reset():
