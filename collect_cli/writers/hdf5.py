@@ -8,6 +8,7 @@ Frame keys are datasets shaped ``[lanes, time, ...]`` growing along ``time``;
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import struct
@@ -121,57 +122,140 @@ def eoa_field(fd: int) -> int | None:
     return 40 if head[8] == 0 else 44  # version 1 has 4 more bytes before it
 
 
-def write_block(ds: h5py.Dataset, start: tuple[int, ...], array: np.ndarray) -> None:
-    """``ds[start : start + array.shape] = array``, growing ``ds`` to hold it.
+class Block:
+    """One chunked dataset, written block by block through h5py's low-level API.
 
-    Through h5py's low-level API: the high-level ``resize`` and ``__setitem__``
-    rebuild a selection each call and cost about 3x as much, which for the
-    20-odd datasets of a small batch is a millisecond per batch.
+    h5py's ``resize`` and ``__setitem__`` rebuild a selection at each call, and
+    even ``ds.id.shape`` and ``get_space()`` build new objects each time, so the
+    shape and the dataspaces are kept here and rebuilt only when the extent
+    changes. A block that covers whole chunks of an unfiltered dataset (a
+    batch, by :func:`chunk_shape`'s design) is written chunk by chunk with
+    ``H5Dwrite_chunk``: no selection, no copy into the chunk cache, and nothing
+    left for the commit's flush to write but the chunk index (a third of the
+    cost, measured). Other blocks go through the chunk cache (``H5Dwrite``).
     """
-    shape = ds.id.shape
-    if array.ndim != len(shape) or array.shape[len(start) :] != shape[len(start) :]:
-        raise TypeError(f"can't write an array of shape {array.shape} into {ds.name} {shape}")
-    if not array.size:
-        return
-    end = tuple(a + n for a, n in zip(start, array.shape, strict=False))
-    if any(e > n for e, n in zip(end, shape, strict=False)):
-        ds.id.set_extent(
-            tuple(max(e, n) for e, n in zip(end, shape, strict=False)) + shape[len(end) :]
-        )
-    space = ds.id.get_space()
-    space.select_hyperslab(start + (0,) * (array.ndim - len(start)), array.shape)
-    array = np.ascontiguousarray(array)
-    ds.id.write(h5py.h5s.create_simple(array.shape), space, array)
+
+    __slots__ = ("_chunk", "_direct", "_id", "_mem", "_mem_shape", "_space", "ds", "shape")
+
+    def __init__(self, ds: h5py.Dataset) -> None:
+        self.ds = ds
+        self._id = ds.id
+        self._chunk: tuple[int, ...] = ds.chunks or ()
+        self._direct = bool(self._chunk) and ds.id.get_create_plist().get_nfilters() == 0
+        self._mem: Any = None  # the memory dataspace of the last block written through the cache
+        self._mem_shape: tuple[int, ...] = ()
+        self._extent_changed(ds.id.shape)
+
+    def _extent_changed(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self._space: Any = None  # the file dataspace, made when a block needs the cache
+
+    def resize(self, size: int, axis: int) -> None:
+        self.ds.resize(size, axis=axis)
+        self._extent_changed(self._id.shape)
+
+    def write(self, start: tuple[int, ...], array: np.ndarray) -> None:
+        """``ds[start : start + array.shape] = array``, growing ``ds`` to hold it."""
+        shape, lead = self.shape, len(start)
+        if array.ndim != len(shape) or array.shape[lead:] != shape[lead:]:
+            raise TypeError(
+                f"can't write an array of shape {array.shape} into {self.ds.name} {shape}"
+            )
+        if not array.size:
+            return
+        end = tuple(a + n for a, n in zip(start, array.shape[:lead], strict=True))
+        if any(e > n for e, n in zip(end, shape, strict=False)):
+            grown = tuple(max(e, n) for e, n in zip(end, shape, strict=False)) + shape[lead:]
+            self._id.set_extent(grown)
+            self._extent_changed(grown)
+        if self._direct and self._on_chunk_grid(start, array.shape[:lead]):
+            self._write_chunks(start, array)
+            return
+        if self._space is None:
+            self._space = self._id.get_space()
+        self._space.select_hyperslab(start + (0,) * (array.ndim - lead), array.shape)
+        if array.shape != self._mem_shape:
+            self._mem, self._mem_shape = h5py.h5s.create_simple(array.shape), array.shape
+        self._id.write(self._mem, self._space, np.ascontiguousarray(array))
+
+    def _on_chunk_grid(self, start: tuple[int, ...], size: tuple[int, ...]) -> bool:
+        chunk = self._chunk
+        return all(s % c == 0 and n % c == 0 for s, n, c in zip(start, size, chunk, strict=False))
+
+    def _write_chunks(self, start: tuple[int, ...], array: np.ndarray) -> None:
+        lead, chunk = len(start), self._chunk
+        tail = (0,) * (array.ndim - lead)  # chunks span the feature dimensions whole
+        if array.shape[:lead] == chunk[:lead]:
+            self._id.write_direct_chunk(start + tail, np.ascontiguousarray(array))
+            return
+        grid = [range(0, n, c) for n, c in zip(array.shape[:lead], chunk, strict=False)]
+        for offsets in itertools.product(*grid):
+            piece = array[tuple(slice(o, o + c) for o, c in zip(offsets, chunk, strict=False))]
+            at = tuple(s + o for s, o in zip(start, offsets, strict=True))
+            self._id.write_direct_chunk(at + tail, np.ascontiguousarray(piece))
 
 
-def encode_attrs(
-    attrs: h5py.AttributeManager, meta: dict[str, Any], written: dict[str, Any] | None = None
-) -> None:
-    """Store ``meta`` as root attributes (dicts and lists as JSON text).
+class RootAttrs:
+    """A file's root attributes, stored from a metadata dict (dicts and lists as
+    JSON text, ``lane_steps`` as an int64 array).
 
-    ``written`` remembers the values last stored: unchanged ones are neither
-    encoded nor rewritten (a commit per batch changes only the counters).
-
-    Numbers (and ``lane_steps``, an int64 array) already stored with the same
-    shape are overwritten in place. Assigning an attribute makes h5py create a
-    new one and delete the old, and a kill in the middle of the flush that
-    writes those changes could leave the file without it.
+    Values unchanged since the last :meth:`store` are neither encoded nor
+    rewritten: a commit per batch changes only the counters. Numbers already
+    stored with the same shape are overwritten in place. Assigning an attribute
+    makes h5py create a new one and delete the old, and a kill in the middle of
+    the flush that writes those changes could leave the file without it. Their
+    handles and types are kept: opening an attribute and reading its type cost
+    several times the write itself.
     """
-    for key, value in meta.items():
-        if written is not None and key in written and _same(written[key], value):
-            continue
-        stored = value
-        if key == "lane_steps" and value:
-            stored = np.asarray(value, np.int64)
-        elif isinstance(value, (dict, list)):
-            stored = json.dumps(value)
-        if stored is None:
-            if key in attrs:
-                del attrs[key]
-        elif not overwrite_number(attrs, key, stored):
-            attrs[key] = stored
-        if written is not None:
-            written[key] = copy.deepcopy(value)
+
+    def __init__(self, node: h5py.Group) -> None:
+        self._attrs = node.attrs
+        self._node_id = node.id
+        self._written: dict[str, Any] = {}  # the values as last stored
+        self._numbers: dict[str, tuple[Any, np.dtype, tuple[int, ...], Any]] = {}
+
+    def store(self, meta: dict[str, Any]) -> None:
+        for key, value in meta.items():
+            if key in self._written and _same(self._written[key], value):
+                continue
+            stored = value
+            if key == "lane_steps" and value:
+                stored = np.asarray(value, np.int64)
+            elif isinstance(value, (dict, list)):
+                stored = json.dumps(value)
+            if stored is None or not self._overwrite(key, stored):
+                self._numbers.pop(key, None)  # its handle is closed before h5py deletes it
+                if stored is not None:
+                    self._attrs[key] = stored
+                elif key in self._attrs:
+                    del self._attrs[key]
+            self._written[key] = copy.deepcopy(value)
+
+    def _overwrite(self, key: str, value: Any) -> bool:
+        """Write a number (or numeric array) into the stored attribute ``key`` of
+        the same shape; False (nothing written) if there is no such attribute."""
+        array = np.asarray(value)
+        if array.dtype.kind not in "iuf":
+            return False
+        handle = self._numbers.get(key)
+        if handle is None:
+            try:
+                attr = h5py.h5a.open(self._node_id, key.encode())
+            except KeyError:
+                return False
+            dtype = attr.dtype
+            if dtype.kind not in "iuf":
+                return False
+            handle = self._numbers[key] = (attr, dtype, attr.shape, h5py.h5t.py_create(dtype))
+        attr, dtype, shape, memtype = handle
+        if shape != array.shape:
+            return False
+        attr.write(np.ascontiguousarray(array, dtype), memtype)
+        return True
+
+    def release(self) -> None:
+        """Close the kept attribute handles (before the file is closed)."""
+        self._numbers.clear()
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -179,23 +263,6 @@ def _same(a: Any, b: Any) -> bool:
         return type(a) is type(b) and bool(a == b)
     except ValueError:  # arrays: compared element-wise
         return False
-
-
-def overwrite_number(attrs: h5py.AttributeManager, key: str, value: Any) -> bool:
-    """Write a number (or numeric array) into the existing attribute ``key`` of the
-    same shape; False (nothing written) if there is no such attribute. Through
-    the low-level API: ``attrs.modify`` and its checks cost ~8x as much."""
-    array = np.asarray(value)
-    if array.dtype.kind not in "iuf":
-        return False
-    try:
-        attr = h5py.h5a.open(attrs._id, key.encode())
-    except KeyError:
-        return False
-    if attr.shape != array.shape or attr.dtype.kind not in "iuf":
-        return False
-    attr.write(np.ascontiguousarray(array, attr.dtype))
-    return True
 
 
 # Commit records, written in turn: [seq, frames, steps, episodes, lanes, *lane_steps, crc32].
@@ -269,9 +336,9 @@ class Hdf5Writer(Writer):
         self.compression = None if compression == "none" else compression
         self.chunk_frames = chunk_frames
         self._file: h5py.File | None = None
-        self._attrs_written: dict[str, Any] = {}  # root attributes as last stored
-        self._frames: dict[tuple[str, ...], h5py.Dataset] = {}
-        self._episodes: dict[str, h5py.Dataset] = {}
+        self._attrs: RootAttrs | None = None
+        self._frames: dict[tuple[str, ...], Block] = {}
+        self._episodes: dict[str, Block] = {}
         self._fd: int | None = None
         self._eoa_at: int | None = None
         self._reserved = 0
@@ -291,11 +358,13 @@ class Hdf5Writer(Writer):
         self._file = h5py.File(self.path, "w", locking=False)
         self._fd = os.open(self.path, os.O_RDWR)
         self._reserve(0)
-        encode_attrs(self._file.attrs, self.meta, self._attrs_written)
+        self._attrs = RootAttrs(self._file)
+        self._attrs.store(self.meta)
         for name, dtype in COLUMNS.items():
-            self._episodes[name] = self._file.create_dataset(
+            ds = self._file.create_dataset(
                 f"episodes/{name}", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(4096,)
             )
+            self._episodes[name] = Block(ds)
         self._file.flush()
         self._eoa_at = eoa_field(self._fd)
 
@@ -304,13 +373,14 @@ class Hdf5Writer(Writer):
         self._fd = os.open(self.path, os.O_RDWR)
         self._eoa_at = eoa_field(self._fd)
         self._reserved = os.fstat(self._fd).st_size
+        self._attrs = RootAttrs(self._file)
 
         def collect(name: str, obj: Any) -> None:
             if isinstance(obj, h5py.Dataset):
                 if name.startswith("episodes/"):
-                    self._episodes[name.split("/", 1)[1]] = obj
+                    self._episodes[name.split("/", 1)[1]] = Block(obj)
                 else:
-                    self._frames[tuple(name.split("/"))] = obj
+                    self._frames[tuple(name.split("/"))] = Block(obj)
 
         self._file.visititems(collect)
         self._created = bool(self._frames)
@@ -318,14 +388,15 @@ class Hdf5Writer(Writer):
         return meta
 
     def _drop_uncommitted(self) -> None:
-        for ds in self._episodes.values():
-            ds.resize(self.episodes, axis=0)
+        for block in self._episodes.values():
+            block.resize(self.episodes, axis=0)
         if not self._created:
             return
-        for ds in self._frames.values():
-            ds.resize(self.steps, axis=1)
-            ds.resize(self.lanes, axis=0)  # rows appended after the last commit
-        mask, traj = self._frames[("collector", "mask")], self._frames[("collector", "traj_ids")]
+        for block in self._frames.values():
+            block.resize(self.steps, axis=1)
+            block.resize(self.lanes, axis=0)  # rows appended after the last commit
+        mask = self._frames[("collector", "mask")].ds
+        traj = self._frames[("collector", "traj_ids")].ds
         for lane in np.flatnonzero(self.cursor < self.steps):
             mask[lane, self.cursor[lane] :] = False
             traj[lane, self.cursor[lane] :] = -1
@@ -337,15 +408,15 @@ class Hdf5Writer(Writer):
         return tuple(key.split("/")) in self._frames
 
     def _grow_lanes(self, lanes: int) -> None:
-        for ds in self._frames.values():
-            ds.resize(lanes, axis=0)
+        for block in self._frames.values():
+            block.resize(lanes, axis=0)
 
     def _create(self, items, lanes: int) -> None:
         for key, array in items:
             feat = array.shape[2:]
             row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * array.dtype.itemsize)
             block, steps = chunk_shape(row_bytes, len(array), array.shape[1], self.chunk_frames)
-            self._frames[key] = self._file.create_dataset(
+            ds = self._file.create_dataset(
                 "/".join(key),
                 shape=(lanes, 0, *feat),
                 maxshape=(None, None, *feat),
@@ -355,18 +426,20 @@ class Hdf5Writer(Writer):
                 fillvalue=FILL.get(key, 0),
                 **chunk_cache(block * steps * row_bytes, -(-lanes // block)),
             )
+            self._frames[key] = Block(ds)
 
     def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
         self._reserve(2 * sum(array.nbytes for _, array in items))
+        start = (lanes.start or 0, t0)
         for key, array in items:
-            write_block(self._frames[key], (lanes.start or 0, t0), array)
+            self._frames[key].write(start, array)
 
     def _write_episodes(self, rows: Rows, start: int) -> None:
         count = len(rows["traj_id"])
         if not count:
             return
-        for name, ds in self._episodes.items():
-            write_block(ds, (start,), np.asarray(rows[name], ds.dtype))
+        for name, block in self._episodes.items():
+            block.write((start,), np.asarray(rows[name], COLUMNS[name]))
 
     def _commit(self) -> None:
         # The frames first, then the attributes that count them: a flush writes dirty
@@ -374,10 +447,9 @@ class Hdf5Writer(Writer):
         # leave the new frame count on disk without the chunk index entries (each
         # batch allocates new chunks) that make the batch's frames readable.
         self._flush()
-        attrs = self._file.attrs
-        encode_attrs(attrs, self.meta, self._attrs_written)
+        self._attrs.store(self.meta)
         self._seq += 1
-        encode_attrs(attrs, {COMMIT_SLOTS[self._seq % 2]: commit_record(self._seq, self.meta)})
+        self._attrs.store({COMMIT_SLOTS[self._seq % 2]: commit_record(self._seq, self.meta)})
         self._flush()
 
     def _flush(self) -> None:
@@ -399,6 +471,8 @@ class Hdf5Writer(Writer):
             return
         self._flush()
         used = self._file.id.get_filesize()  # HDF5's end of allocated space
+        if self._attrs is not None:
+            self._attrs.release()
         self._file.close()
         self._file = None
         if os.fstat(self._fd).st_size > used:

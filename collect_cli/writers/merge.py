@@ -272,7 +272,7 @@ def _np_dtype(array: Any) -> np.dtype:
 def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], copy: bool, meta, rows) -> None:
     import h5py
 
-    from collect_cli.writers.hdf5 import encode_attrs
+    from collect_cli.writers.hdf5 import RootAttrs
 
     lanes, steps = meta["lanes"], meta["steps"]
     readers = contextlib.ExitStack()
@@ -310,7 +310,7 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], copy: bool, meta, ro
             f.create_virtual_dataset(key, layout, fillvalue=fill)
         for name in COLUMNS:
             f.create_dataset(f"episodes/{name}", data=rows[name])
-        encode_attrs(f.attrs, meta)
+        RootAttrs(f).store(meta)
     _fsync(tmp)
 
 

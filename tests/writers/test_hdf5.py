@@ -1,15 +1,16 @@
-"""HDF5 backend: commit records, and kills inside a commit (fault injection)."""
+"""HDF5 backend: block writes, commit records, and kills inside a commit (fault injection)."""
 
 from __future__ import annotations
 
 import h5py
+import numpy as np
 import pytest
 
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.validate import validate
 from collect_cli.writers import make_writer, open_dataset
-from collect_cli.writers.hdf5 import COMMIT_SLOTS, read_commit
+from collect_cli.writers.hdf5 import COMMIT_SLOTS, Block, RootAttrs, read_commit
 
 META = {"env_id": "CartPole-v1", "config": {}}
 
@@ -18,6 +19,79 @@ META = {"env_id": "CartPole-v1", "config": {}}
 def batches():
     with SyncCollector(env_factory("CartPole-v1", 3), frames_per_batch=60, total_frames=300) as c:
         return [b for b in c]
+
+
+# (start, shape) of blocks into a [lanes, time, 3] dataset chunked (2, 4, 3): one
+# chunk, a grid of chunks, off the grid along lanes, along time, partial chunks,
+# and a chunk already half written through the cache rewritten whole.
+BLOCKS = [
+    ((0, 0), (2, 4)),
+    ((0, 4), (6, 8)),
+    ((1, 12), (3, 4)),
+    ((0, 12), (2, 3)),
+    ((4, 13), (2, 5)),
+    ((2, 16), (2, 4)),
+    ((0, 16), (2, 4)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["f4", "i8", "?"])
+def test_block_writes_equal_numpy_through_both_paths(tmp_path, dtype):
+    rng = np.random.default_rng(0)
+    expected = np.full((6, 20, 3), 7, dtype)
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        blocks = [
+            Block(f.create_dataset(name, (6, 0, 3), dtype, maxshape=(None, None, 3),
+                                   chunks=(2, 4, 3), fillvalue=7, compression=comp))
+            for name, comp in (("direct", None), ("cached", "gzip"))
+        ]  # fmt: skip
+        for (lane, t), (n, steps) in BLOCKS:
+            block = (rng.integers(0, 2 if dtype == "?" else 100, (n, steps, 3))).astype(dtype)
+            expected[lane : lane + n, t : t + steps] = block
+            for b in blocks:
+                b.write((lane, t), block)
+        assert [b.shape for b in blocks] == [(6, 20, 3)] * 2
+    with h5py.File(tmp_path / "b.h5", "r") as f:
+        np.testing.assert_array_equal(f["direct"][()], expected)
+        np.testing.assert_array_equal(f["cached"][()], expected)
+
+
+def test_blocks_on_the_chunk_grid_reach_the_file_at_once(tmp_path):
+    # Whole chunks of an unfiltered dataset are written directly (H5Dwrite_chunk),
+    # not held in the chunk cache until the commit's flush.
+    path = tmp_path / "b.h5"
+    aligned = np.frombuffer(b"ALIGNED!" * 16, np.float64).reshape(2, 8)  # one chunk
+    cached = np.frombuffer(b"CACHED!!" * 8, np.float64).reshape(2, 4)  # half a chunk
+    with h5py.File(path, "w") as f:
+        a = Block(f.create_dataset("a", (2, 0), "f8", maxshape=(None, None), chunks=(2, 8)))
+        b = Block(f.create_dataset("b", (2, 0), "f8", maxshape=(None, None), chunks=(2, 8)))
+        a.write((0, 0), aligned)
+        b.write((0, 0), cached)
+        raw = path.read_bytes()
+        assert aligned.tobytes() in raw
+        assert cached[0].tobytes() not in raw  # a row: the chunk's other half is fill
+    assert cached[0].tobytes() in path.read_bytes()  # flushed at close
+
+
+def test_a_block_of_the_wrong_shape_is_refused(tmp_path):
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        b = Block(f.create_dataset("x", (2, 0, 3), "f4", maxshape=(None, None, 3)))
+        with pytest.raises(TypeError, match=r"shape \(2, 4, 2\) into /x \(2, 0, 3\)"):
+            b.write((0, 0), np.zeros((2, 4, 2), "f4"))
+
+
+def test_root_attrs_overwrite_numbers_in_place_and_replace_the_rest(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        attrs = RootAttrs(f)
+        attrs.store({"frames": 1, "lane_steps": [1, 2], "spaces": {"a": 1}, "end_time": None})
+        attrs.store({"frames": 5, "lane_steps": [3, 4], "spaces": {"a": 2}, "end_time": "now"})
+        attrs.store({"lane_steps": [5, 6, 7], "end_time": None})  # a new shape: replaced
+        attrs.release()
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        assert f.attrs["frames"] == 5
+        assert f.attrs["lane_steps"].tolist() == [5, 6, 7]
+        assert f.attrs["spaces"] == '{"a": 2}'
+        assert "end_time" not in f.attrs
 
 
 def test_commit_records_alternate_and_carry_the_counters(tmp_path, batches):
