@@ -162,6 +162,7 @@ class MemmapWriter(Writer):
         self.lane_capacity = 0  # lanes allocated (grows for datasets of whole episodes)
         self._unreleased = 0  # bytes written since the last page release
         self._batch_bytes = 0  # ...by the last batch
+        self._episodes_listed: int | None = None  # rows episodes/meta.json gives
 
     def _file(self, key: tuple[str, ...]) -> Path:
         return self.path.joinpath(*key[:-1], key[-1] + ".memmap")
@@ -315,13 +316,16 @@ class MemmapWriter(Writer):
             content.update(shape=shape, device="cpu", **TD_CLASS)
             content["_class"] = "tensordict:TensorDict"
             write_json(root.joinpath(*key, "meta.json"), content)
+            if is_episodes and root == self.path:
+                self._episodes_listed = self.episodes
 
     def _commit(self) -> None:
         # Data first (into the page cache, which outlives this process), then the
         # metadata that makes it visible, each JSON file replaced atomically.
         for f in self._episode_files.values():
             f.flush()
-        self._write_td_meta(only_episodes=True)
+        if self._episodes_listed != self.episodes:  # most batches of long episodes end none
+            self._write_td_meta(only_episodes=True)
         write_json(self.path / META_FILE, self.meta)
         if self._unreleased >= max(RELEASE_BYTES, 8 * self._batch_bytes):
             self._release_pages()

@@ -58,3 +58,24 @@ def test_a_batch_maps_only_the_pages_it_writes(tmp_path):
     assert traj.stat().st_size == lanes * planned * 8  # 30 MiB, written -1 in bulk when created
     assert mapped_kib(traj) <= lanes * 2 * 4  # at most two 4 KiB pages per lane
     w.close("complete")
+
+
+def test_episodes_meta_is_rewritten_only_when_rows_are_added(tmp_path):
+    from tensordict import TensorDict
+
+    path = tmp_path / "d"
+    listing = path / "episodes" / "meta.json"
+    # capacity for the whole run: the frame files are built once, at the first batch
+    w = make_writer("memmap", path, metadata={}, planned_steps=600).open()
+    rewritten = []
+    # Pendulum episodes last 200 steps: 50-step batches end them in one batch of four
+    with SyncCollector(env_factory("Pendulum-v1", 2), frames_per_batch=100, total_frames=1200) as c:
+        for batch in c:
+            inode = listing.stat().st_ino
+            w.append(batch)
+            w.commit()
+            rewritten.append(listing.stat().st_ino != inode)  # replaced: a new inode
+            assert TensorDict.load_memmap(path)["episodes"].batch_size == (w.episodes,)
+    w.close()
+    assert rewritten[1:] == [False, False, True] + [False, False, False, True] * 2
+    assert TensorDict.load_memmap(path)["episodes", "length"].tolist() == [200] * 6
