@@ -135,6 +135,8 @@ class _MultiCollector(CollectorBase):
         self.start_method = start_method
         ctx = torch.multiprocessing.get_context(start_method)
         self._stop_event = ctx.Event()
+        # workers poll the event after every step: only where it can be set
+        polled = self._stop_event if self._preempts() else None
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         # per worker: batches asked for, received, and handed over (copied out)
@@ -170,7 +172,7 @@ class _MultiCollector(CollectorBase):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(
                     target=worker_main,
-                    args=(spec, child, self._stop_event, os.getpid()),
+                    args=(spec, child, polled, os.getpid()),
                     name=f"rlcollect-worker-{index}",
                     daemon=True,
                 )
@@ -196,6 +198,10 @@ class _MultiCollector(CollectorBase):
 
     def _worker_frames(self) -> int:
         return self.requested_frames_per_batch
+
+    def _preempts(self) -> bool:
+        """Whether workers may be told to stop a batch early (``_stop_event``)."""
+        return False
 
     # -- messaging ---------------------------------------------------------------------
     def _recv(self, candidates: set[int]) -> tuple[int, tuple[str, Any]]:
@@ -364,6 +370,9 @@ class MultiSyncCollector(_MultiCollector):
 
     def _worker_frames(self) -> int:
         return math.ceil(self.requested_frames_per_batch / self.num_workers)
+
+    def _preempts(self) -> bool:
+        return self.preemptive_threshold < 1.0
 
     def iter_with_lanes(self) -> Iterator[tuple[int, TensorDictBase]]:
         everyone = set(range(self.num_workers))
