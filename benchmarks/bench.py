@@ -31,6 +31,7 @@ import contenders
 import record
 
 PRESETS = {"Pendulum": "Pendulum-v1", "CartPole": "CartPole-v1"}
+MULTI_VS_SYNC = ("sync", "multisync")
 
 
 def plain_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
@@ -116,6 +117,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     rows = []
+    pairs = []  # (env, policy, writer, per-round multisync / sync ratios)
     notes = []
     tmp = Path(tempfile.mkdtemp(prefix="rlcollect-bench-"))
 
@@ -131,8 +133,8 @@ def main() -> None:
                 for _ in range(max(1, args.repeat)):
                     fps = plain_loop(PRESETS[env], args.num_envs, policy, frames)
                     runs.setdefault("plain gymnasium loop", []).append(fps)
-                    for collector in args.collectors:
-                        for writer in args.writers:
+                    for writer in args.writers:  # the collectors of one writer back to back
+                        for collector in args.collectors:
                             fps = rlcollect(
                                 env, args.num_envs, policy, collector, writer, frames, tmp / writer
                             )
@@ -140,6 +142,15 @@ def main() -> None:
                 base = float(np.median(runs["plain gymnasium loop"]))
                 for name, values in runs.items():
                     add_row(env, policy, name, float(np.median(values)), base)
+                for writer in args.writers:
+                    sync, multi = (runs.get(f"rlcollect {c}, {writer}") for c in MULTI_VS_SYNC)
+                    if sync and multi:
+                        ratios = [m / s for m, s in zip(multi, sync, strict=True)]
+                        pairs.append((env, policy, writer, ratios))
+                        print(
+                            f"{env:9s} {policy:7s} multisync / sync, {writer}: "
+                            f"{np.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})"
+                        )
                 if args.contenders and contenders.available("torchrl"):
                     for workers in (0, 2):
                         lanes = args.num_envs // max(1, workers)
@@ -192,6 +203,17 @@ def main() -> None:
         "|---|---|---|---:|---:|",
     ]
     lines += [f"| {e} | {p} | {c} | {f:,.0f} | {r:.2f}x |" for e, p, c, f, r in rows]
+    if pairs:
+        lines += [
+            "\nmultisync x2 / sync, each round's two runs back to back (the VM's speed drifts"
+            " between rounds):\n",
+            "| env | policy | writer | median of rounds | rounds |",
+            "|---|---|---|---:|---|",
+        ]
+        lines += [
+            f"| {e} | {p} | {w} | {np.median(r):.2f}x | {', '.join(f'{x:.2f}' for x in r)} |"
+            for e, p, w, r in pairs
+        ]
     lines += [f"\n{note}" for note in notes]
     record.append(lines)
 
