@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import glob
 import os
 import shutil
 import time
@@ -49,6 +50,27 @@ def remove_output(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+def remove_stale_staging(path: Path) -> None:
+    """Remove what runs killed before their first commit left: ``.<name>.creating-<pid>``
+    siblings of ``path`` whose process is gone."""
+    prefix = f".{path.name}.creating-"
+    for leftover in path.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = leftover.name[len(prefix) :].split(".", 1)[0]  # also <pid>.resize (memmap)
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue  # another run's, still going
+        remove_output(leftover)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 MASK_KEY = ("collector", "mask")
@@ -91,11 +113,14 @@ class Writer(abc.ABC):
         self.tracker: EpisodeTracker | None = None
         self._created = False
         self._closed = False
+        self._publish_at: Path | None = None  # where the first commit renames the dataset
 
     def open(self) -> Writer:
         """Create the empty dataset. It is built under a temporary sibling name and
-        renamed into place once readable, so a kill during creation never leaves a
-        half-made dataset at ``path``."""
+        renamed into place by the first :meth:`commit`, once the first batch's
+        datasets exist: HDF5 creates a dataset in several writes that a kill can
+        cut, so the structure is made where a half-made file is never seen at
+        ``path``."""
         check_output(self.path, self.overwrite)
         final = self.path
         staging = final.with_name(f".{final.name}.creating-{os.getpid()}")
@@ -103,8 +128,7 @@ class Writer(abc.ABC):
             if final.exists():
                 remove_output(final)
             final.parent.mkdir(parents=True, exist_ok=True)
-            if staging.exists() or staging.is_symlink():
-                remove_output(staging)
+            remove_stale_staging(final)  # and this process's own, if any
             self.meta.update(
                 format_version=FORMAT_VERSION,
                 backend=self.backend,
@@ -117,18 +141,16 @@ class Writer(abc.ABC):
                 lanes=self.lanes,
             )
             self.path = staging
-            try:
-                self._open()
-            finally:
-                self.path = final
-            os.rename(staging, final)
+            self._open()
         except OSError as exc:
+            self.path = final
             with contextlib.suppress(OSError):
                 self._close()
             for leftover in (staging, final):
                 with contextlib.suppress(OSError):
                     remove_output(leftover)  # nothing was committed: leave nothing behind
             raise WriteError(f"cannot create {str(final)!r}: {exc.strerror or exc}") from exc
+        self._publish_at = final
         return self
 
     def reopen(self) -> Writer:
@@ -250,6 +272,9 @@ class Writer(abc.ABC):
         )
         try:
             self._commit()
+            if self._publish_at is not None:  # the first commit: the dataset appears
+                os.rename(self.path, self._publish_at)
+                self.path, self._publish_at = self._publish_at, None
         except OSError as exc:
             raise self._os_error(exc) from exc
 
@@ -272,7 +297,7 @@ class Writer(abc.ABC):
     def _os_error(self, exc: OSError) -> WriteError:
         reason = exc.strerror or str(exc)
         return WriteError(
-            f"writing {str(self.path)!r} failed: {reason}; "
+            f"writing {str(self._publish_at or self.path)!r} failed: {reason}; "
             f"the dataset is readable up to the last commit ({self.meta.get('frames', 0)} frames)"
         )
 

@@ -64,16 +64,17 @@ def test_episodes_meta_is_rewritten_only_when_rows_are_added(tmp_path):
     from tensordict import TensorDict
 
     path = tmp_path / "d"
-    listing = path / "episodes" / "meta.json"
     # capacity for the whole run: the frame files are built once, at the first batch
     w = make_writer("memmap", path, metadata={}, planned_steps=600).open()
     rewritten = []
     # Pendulum episodes last 200 steps: 50-step batches end them in one batch of four
     with SyncCollector(env_factory("Pendulum-v1", 2), frames_per_batch=100, total_frames=1200) as c:
         for batch in c:
-            inode = listing.stat().st_ino
+            # w.path: the staging directory until the first commit renames it to path
+            inode = (w.path / "episodes" / "meta.json").stat().st_ino
             w.append(batch)
             w.commit()
+            listing = path / "episodes" / "meta.json"
             rewritten.append(listing.stat().st_ino != inode)  # replaced: a new inode
             assert TensorDict.load_memmap(path)["episodes"].batch_size == (w.episodes,)
     w.close()

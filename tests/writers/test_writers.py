@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -116,3 +120,51 @@ def test_not_a_dataset(tmp_path):
     (tmp_path / "junk.h5").write_text("not hdf5")
     with pytest.raises(OutputError, match="not a readable HDF5"):
         open_dataset(tmp_path / "junk.h5")
+
+
+def test_dataset_appears_at_its_first_commit(tmp_path, backend, batches):
+    """Built under ``.<name>.creating-<pid>`` until the first commit renames it into
+    place: a kill before then leaves nothing half-made at ``path``."""
+    path = out_path(tmp_path, backend)
+    w = make_writer(backend, path, metadata={}, planned_steps=500).open()
+    staging = tmp_path / f".{path.name}.creating-{os.getpid()}"
+    assert not path.exists() and staging.exists()
+    w.append(batches[0])
+    assert not path.exists()
+    w.commit()
+    assert path.exists() and not staging.exists()
+    assert open_dataset(path).meta["frames"] == batches[0].numel()
+    w.append(batches[1])
+    w.commit()
+    w.close()
+    assert open_dataset(path).meta["frames"] == 2 * batches[0].numel()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_closing_an_empty_dataset_publishes_it(tmp_path, backend):
+    path = out_path(tmp_path, backend)
+    make_writer(backend, path, metadata={}).open().close("interrupted")
+    meta = open_dataset(path).meta
+    assert meta["status"] == "interrupted" and meta["frames"] == 0 and meta["end_time"]
+
+
+def test_open_removes_what_dead_runs_left_before_their_first_commit(tmp_path, backend):
+    path = out_path(tmp_path, backend)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftovers = {
+        "dead": tmp_path / f".{path.name}.creating-{dead.pid}",
+        "dead_resize": tmp_path / f".{path.name}.creating-{dead.pid}.resize",
+        "alive": tmp_path / f".{path.name}.creating-{os.getppid()}",
+        "other": tmp_path / f".other.creating-{dead.pid}",
+    }
+    for name, leftover in leftovers.items():
+        if name.endswith("resize"):
+            leftover.mkdir()
+            (leftover / "x.memmap").write_bytes(b"x")
+        else:
+            leftover.write_bytes(b"half a dataset")
+    make_writer(backend, path, metadata={}).open().close()
+    left = {name for name, p in leftovers.items() if p.exists()}
+    assert left == {"alive", "other"}  # a live run's own, and another dataset's
+    assert open_dataset(path).meta["status"] == "complete"
