@@ -109,3 +109,43 @@ def test_kill_at_each_write_of_hdf5_commits_leaves_a_sound_file(tmp_path):
     assert all(rc != 0 for rc, _ in results.values())  # every run was killed
     bad = {k: problems for k, (_, problems) in results.items() if problems}
     assert not bad
+
+
+@pytest.mark.skipif(STRACE is None, reason="needs strace, with ptrace allowed")
+def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
+    """Fault injection where HDF5 changes the file's structure: creating it (its
+    datasets, made by the first batch) and closing it (status, end time). A kill
+    before the first commit leaves no file at ``out``; after it, a sound file
+    whose status says whether closing finished."""
+    from collect_cli.validate import validate
+    from collect_cli.writers.hdf5 import read_meta
+
+    run = [sys.executable, "-m", "collect_cli", "run", "env=Pendulum", "total_frames=600"]
+    run += ["frames_per_batch=200", "writer=hdf5", "progress=none"]
+    trace = tmp_path / "trace"
+    whole = [STRACE, "-f", "-qq", "-o", str(trace), "-e", "trace=pwrite64"]
+    subprocess.run([*whole, *run, f"out={tmp_path / 'whole.h5'}"], check=True, capture_output=True)
+    writes = trace.read_text().count("pwrite64(")
+
+    def kill_at(k: int) -> tuple[bool, str | None]:
+        out = tmp_path / f"k{k}.h5"
+        cmd = [STRACE, "-f", "-qq", "-o", os.devnull, "-e", "trace=pwrite64"]
+        cmd += ["-e", f"inject=pwrite64:signal=KILL:when={k}", *run, f"out={out}"]
+        proc = subprocess.run(cmd, capture_output=True, timeout=120)
+        assert proc.returncode != 0, k  # killed
+        if not out.exists():
+            return False, None
+        problems = validate(out)
+        assert not problems, (k, problems)
+        meta = read_meta(out)
+        assert meta["frames"] in (200, 400, 600), (k, meta["frames"])
+        assert meta["status"] == "running" or meta["frames"] == 600, k
+        return True, meta["status"]
+
+    points = [*range(1, 60, 4), *range(writes - 9, writes)]
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip(points, pool.map(kill_at, points), strict=True))
+    first = [results[k][0] for k in points[:15]]
+    assert not first[0] and first[-1]  # killed before the first commit, and after it
+    assert first == sorted(first)  # once there, the file stays
+    assert {status for _, status in results.values()} == {None, "running", "complete"}

@@ -120,7 +120,7 @@ class Writer(abc.ABC):
         renamed into place by the first :meth:`commit`, once the first batch's
         datasets exist: HDF5 creates a dataset in several writes that a kill can
         cut, so the structure is made where a half-made file is never seen at
-        ``path``."""
+        ``path``. Later commits only add data to it and overwrite values."""
         check_output(self.path, self.overwrite)
         final = self.path
         staging = final.with_name(f".{final.name}.creating-{os.getpid()}")
@@ -135,6 +135,7 @@ class Writer(abc.ABC):
                 status="running",
                 start_time=now(),
                 end_time=None,
+                resumed=[],
                 frames=0,
                 steps=0,
                 episodes=0,
@@ -288,6 +289,9 @@ class Writer(abc.ABC):
                 rows = self.tracker.finish()
                 self._write_episodes(rows, self.episodes)
                 self.episodes += len(rows["traj_id"])
+            # the data and counters first, like any commit; then the status alone, so
+            # a kill while it is written can cost nothing but the status itself
+            self.commit()
             self.meta.update(status=status, end_time=now())
             self.commit()
         finally:

@@ -32,6 +32,9 @@ JSON_ATTRS = (
     "sweep",
     "merged",
 )
+NULLABLE_TEXT = ("end_time",)  # None is stored as "" (and read back as None)
+TEXT = h5py.string_dtype()  # how h5py stores a str: variable-length UTF-8
+TEXT_INFO = h5py.check_string_dtype(TEXT)
 FILL = {("collector", "traj_ids"): -1}  # frames not written yet are padding
 RESERVE_MARGIN = 1 << 20  # room for HDF5 metadata and for closing after a failed reservation
 CHUNK_MIN, CHUNK_TARGET, CHUNK_MAX = 256 << 10, 512 << 10, 1 << 20  # bytes per chunk
@@ -200,12 +203,15 @@ class RootAttrs:
     JSON text, ``lane_steps`` as an int64 array).
 
     Values unchanged since the last :meth:`store` are neither encoded nor
-    rewritten: a commit per batch changes only the counters. Numbers already
-    stored with the same shape are overwritten in place. Assigning an attribute
-    makes h5py create a new one and delete the old, and a kill in the middle of
-    the flush that writes those changes could leave the file without it. Their
-    handles and types are kept: opening an attribute and reading its type cost
-    several times the write itself.
+    rewritten: a commit per batch changes only the counters. Values already
+    stored with the same shape (numbers) or kind (text) are overwritten in place:
+    assigning an attribute makes h5py create a new one and delete the old, which
+    rewrites the object header's layout in several writes, and a kill in the
+    middle of the flush that writes them can leave the whole file unreadable.
+    Text is replaced in the global heap, and the header only gets the new
+    reference, in place. ``None`` for a key of ``NULLABLE_TEXT`` is stored as
+    ``""`` for the same reason. The numbers' handles and types are kept: opening
+    an attribute and reading its type cost several times the write itself.
     """
 
     def __init__(self, node: h5py.Group) -> None:
@@ -223,6 +229,8 @@ class RootAttrs:
                 stored = np.asarray(value, np.int64)
             elif isinstance(value, (dict, list)):
                 stored = json.dumps(value)
+            elif value is None and key in NULLABLE_TEXT:
+                stored = ""
             if stored is None or not self._overwrite(key, stored):
                 self._numbers.pop(key, None)  # its handle is closed before h5py deletes it
                 if stored is not None:
@@ -233,7 +241,10 @@ class RootAttrs:
 
     def _overwrite(self, key: str, value: Any) -> bool:
         """Write a number (or numeric array) into the stored attribute ``key`` of
-        the same shape; False (nothing written) if there is no such attribute."""
+        the same shape, or text into a text one; False (nothing written) if there
+        is no such attribute."""
+        if isinstance(value, str):
+            return self._overwrite_text(key, value)
         array = np.asarray(value)
         if array.dtype.kind not in "iuf":
             return False
@@ -251,6 +262,19 @@ class RootAttrs:
         if shape != array.shape:
             return False
         attr.write(np.ascontiguousarray(array, dtype), memtype)
+        return True
+
+    def _overwrite_text(self, key: str, value: str) -> bool:
+        try:
+            attr = h5py.h5a.open(self._node_id, key.encode())
+        except KeyError:
+            return False
+        if attr.shape != () or h5py.check_string_dtype(attr.dtype) != TEXT_INFO:
+            return False
+        try:
+            attr.write(np.array(value, dtype=TEXT))
+        except (OSError, RuntimeError):
+            return False  # unreadable (a kill while it was written): replaced instead
         return True
 
     def release(self) -> None:
@@ -305,6 +329,7 @@ def read_commit(attrs: h5py.AttributeManager) -> dict[str, Any] | None:
 def file_meta(attrs: h5py.AttributeManager) -> tuple[dict[str, Any], int]:
     """The metadata with the counters of the last whole commit, and its sequence number."""
     meta = decode_attrs(attrs)
+    meta.setdefault("status", "running")  # unreadable: killed while closing
     record = read_commit(attrs)
     if record is None:
         return meta, 0
@@ -315,10 +340,16 @@ def file_meta(attrs: h5py.AttributeManager) -> tuple[dict[str, Any], int]:
 
 def decode_attrs(attrs: h5py.AttributeManager) -> dict[str, Any]:
     meta: dict[str, Any] = {}
-    for key, value in attrs.items():
+    for key in attrs:
         if key in COMMIT_SLOTS:
             continue
-        if isinstance(value, bytes):
+        try:
+            value = attrs[key]
+        except (OSError, RuntimeError):
+            continue  # its last write was cut by a kill (the status when closing)
+        if key in NULLABLE_TEXT and value == "":
+            value = None
+        elif isinstance(value, bytes):
             value = value.decode()
         elif isinstance(value, (np.generic, np.ndarray)):
             value = value.tolist()  # numbers; lane_steps is an int64 array
@@ -362,9 +393,17 @@ class Hdf5Writer(Writer):
         self._attrs.store(self.meta)
         for name, dtype in COLUMNS.items():
             ds = self._file.create_dataset(
-                f"episodes/{name}", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(4096,)
+                f"episodes/{name}", shape=(1,), maxshape=(None,), dtype=dtype, chunks=(4096,)
             )
+            ds[0] = 0
             self._episodes[name] = Block(ds)
+        # A chunked dataset gets its chunk index with its first chunk, and the flush
+        # that writes them both writes the header pointing to the index first. So
+        # the index is made here, in the file not yet renamed into place: one row
+        # written, flushed, and cut again (an empty index stays).
+        self._file.flush()
+        for block in self._episodes.values():
+            block.resize(0, axis=0)
         self._file.flush()
         self._eoa_at = eoa_field(self._fd)
 
@@ -449,7 +488,10 @@ class Hdf5Writer(Writer):
         self._flush()
         self._attrs.store(self.meta)
         self._seq += 1
-        self._attrs.store({COMMIT_SLOTS[self._seq % 2]: commit_record(self._seq, self.meta)})
+        record = commit_record(self._seq, self.meta)
+        # both slots made by the first commit (before the file is renamed into place)
+        slots = COMMIT_SLOTS if self._seq == 1 else (COMMIT_SLOTS[self._seq % 2],)
+        self._attrs.store(dict.fromkeys(slots, record))
         self._flush()
 
     def _flush(self) -> None:

@@ -10,7 +10,7 @@ from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.validate import validate
 from collect_cli.writers import make_writer, open_dataset
-from collect_cli.writers.hdf5 import COMMIT_SLOTS, Block, RootAttrs, read_commit
+from collect_cli.writers.hdf5 import COMMIT_SLOTS, Block, RootAttrs, decode_attrs, read_commit
 
 META = {"env_id": "CartPole-v1", "config": {}}
 
@@ -81,17 +81,22 @@ def test_a_block_of_the_wrong_shape_is_refused(tmp_path):
 
 
 def test_root_attrs_overwrite_numbers_in_place_and_replace_the_rest(tmp_path):
+    meta = {"frames": 1, "lane_steps": [1, 2], "spaces": {"a": 1}, "end_time": None}
     with h5py.File(tmp_path / "a.h5", "w") as f:
         attrs = RootAttrs(f)
-        attrs.store({"frames": 1, "lane_steps": [1, 2], "spaces": {"a": 1}, "end_time": None})
+        attrs.store({**meta, "status": "running", "seed": 3})
         attrs.store({"frames": 5, "lane_steps": [3, 4], "spaces": {"a": 2}, "end_time": "now"})
-        attrs.store({"lane_steps": [5, 6, 7], "end_time": None})  # a new shape: replaced
+        attrs.store({"lane_steps": [5, 6, 7], "status": "interrupted", "seed": None})
+        attrs.store({"end_time": None})  # back to not set
         attrs.release()
     with h5py.File(tmp_path / "a.h5", "r") as f:
         assert f.attrs["frames"] == 5
-        assert f.attrs["lane_steps"].tolist() == [5, 6, 7]
+        assert f.attrs["lane_steps"].tolist() == [5, 6, 7]  # a new shape: replaced
         assert f.attrs["spaces"] == '{"a": 2}'
-        assert "end_time" not in f.attrs
+        assert f.attrs["status"] == "interrupted"  # text, a longer value
+        assert f.attrs["end_time"] == ""  # kept, so that closing only overwrites it
+        assert "seed" not in f.attrs
+        assert decode_attrs(f.attrs)["end_time"] is None
 
 
 def test_commit_records_alternate_and_carry_the_counters(tmp_path, batches):
