@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -15,7 +16,7 @@ import pytest
 
 from collect_cli.writers import open_dataset
 from tests.conftest import out_path
-from tests.helpers import assert_consistent, start_run
+from tests.helpers import SUPPORT, assert_consistent, start_run
 
 # more kills for a local soak: RLCOLLECT_CRASH_RUNS=40 pytest tests/test_crash.py
 RUNS_PER_BACKEND = int(os.environ.get("RLCOLLECT_CRASH_RUNS", "10"))
@@ -85,33 +86,44 @@ def _strace() -> str | None:
 
 
 STRACE = _strace()
+needs_strace = pytest.mark.skipif(STRACE is None, reason="needs strace, with ptrace allowed")
 
 
-@pytest.mark.skipif(STRACE is None, reason="needs strace, with ptrace allowed")
+def kill_runs(tmp_path, points: list[int], args: list[str]) -> dict[int, int]:
+    """``rlcollect run args out=<tmp_path>/k<K>.h5`` killed just before its K-th
+    ``pwrite64`` (the write does not happen), for each K in ``points``; each run's
+    exit status (K = 0: not killed, its number of writes). See support/killpoints.py."""
+    template = str(tmp_path / "k{k}.h5")
+
+    def some(ks: list[int]) -> dict[int, int]:
+        cmd = [sys.executable, str(SUPPORT / "killpoints.py"), STRACE, template]
+        proc = subprocess.run(
+            [*cmd, *map(str, ks), "--", *args], capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr
+        return {int(k): v for k, v in json.loads(proc.stdout.splitlines()[-1]).items()}
+
+    halves = [points[0::2], points[1::2]]
+    with ThreadPoolExecutor(2) as pool:
+        return {k: v for part in pool.map(some, [h for h in halves if h]) for k, v in part.items()}
+
+
+@needs_strace
 def test_kill_at_each_write_of_hdf5_commits_leaves_a_sound_file(tmp_path):
-    """Fault injection: the run is killed just before its K-th ``pwrite64`` (the
-    write does not happen), for K over several commits of a running dataset, in
-    steps coprime with a commit's writes so that every phase of a commit is hit."""
+    """Fault injection: the run is killed just before its K-th ``pwrite64``, for K
+    over several commits of a running dataset, in steps coprime with a commit's
+    writes so that every phase of a commit is hit."""
     from collect_cli.validate import validate
 
-    def kill_at(k: int) -> tuple[int, list[str]]:
-        out = tmp_path / f"k{k}.h5"
-        cmd = [STRACE, "-f", "-qq", "-o", os.devnull, "-e", "trace=pwrite64"]
-        cmd += ["-e", f"inject=pwrite64:signal=KILL:when={k}"]
-        cmd += [sys.executable, "-m", "collect_cli", "run", "env=Pendulum", "total_frames=-1"]
-        cmd += ["frames_per_batch=200", "writer=hdf5", f"out={out}", "progress=none"]
-        proc = subprocess.run(cmd, capture_output=True, timeout=120)
-        return proc.returncode, validate(out) if out.exists() else []
-
-    points = range(90, 150, 5)
-    with ThreadPoolExecutor(2) as pool:
-        results = dict(zip(points, pool.map(kill_at, points), strict=True))
-    assert all(rc != 0 for rc, _ in results.values())  # every run was killed
-    bad = {k: problems for k, (_, problems) in results.items() if problems}
-    assert not bad
+    args = ["env=Pendulum", "total_frames=-1", "frames_per_batch=200", "writer=hdf5"]
+    points = list(range(90, 150, 5))
+    status = kill_runs(tmp_path, points, [*args, "progress=none"])
+    assert all(status[k] == -signal.SIGKILL for k in points)  # every run was killed
+    bad = {k: validate(tmp_path / f"k{k}.h5") for k in points}
+    assert not {k: problems for k, problems in bad.items() if problems}
 
 
-@pytest.mark.skipif(STRACE is None, reason="needs strace, with ptrace allowed")
+@needs_strace
 def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
     """Fault injection where HDF5 changes the file's structure: creating it (its
     datasets, made by the first batch) and closing it (status, end time). A kill
@@ -120,32 +132,24 @@ def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
     from collect_cli.validate import validate
     from collect_cli.writers.hdf5 import read_meta
 
-    run = [sys.executable, "-m", "collect_cli", "run", "env=Pendulum", "total_frames=600"]
-    run += ["frames_per_batch=200", "writer=hdf5", "progress=none"]
-    trace = tmp_path / "trace"
-    whole = [STRACE, "-f", "-qq", "-o", str(trace), "-e", "trace=pwrite64"]
-    subprocess.run([*whole, *run, f"out={tmp_path / 'whole.h5'}"], check=True, capture_output=True)
-    writes = trace.read_text().count("pwrite64(")
-
-    def kill_at(k: int) -> tuple[bool, str | None]:
+    args = ["env=Pendulum", "total_frames=600", "frames_per_batch=200", "writer=hdf5"]
+    args.append("progress=none")
+    writes = kill_runs(tmp_path, [0], args)[0]
+    points = [*range(1, 60, 2), *range(writes - 14, writes + 1)]
+    status = kill_runs(tmp_path, points, args)
+    published = {}
+    for k in points:
         out = tmp_path / f"k{k}.h5"
-        cmd = [STRACE, "-f", "-qq", "-o", os.devnull, "-e", "trace=pwrite64"]
-        cmd += ["-e", f"inject=pwrite64:signal=KILL:when={k}", *run, f"out={out}"]
-        proc = subprocess.run(cmd, capture_output=True, timeout=120)
-        assert proc.returncode != 0, k  # killed
+        assert status[k] == -signal.SIGKILL, k
+        published[k] = out.exists()
         if not out.exists():
-            return False, None
-        problems = validate(out)
-        assert not problems, (k, problems)
+            continue
+        assert not validate(out), (k, validate(out))
         meta = read_meta(out)
         assert meta["frames"] in (200, 400, 600), (k, meta["frames"])
         assert meta["status"] == "running" or meta["frames"] == 600, k
-        return True, meta["status"]
-
-    points = [*range(1, 60, 4), *range(writes - 9, writes)]
-    with ThreadPoolExecutor(2) as pool:
-        results = dict(zip(points, pool.map(kill_at, points), strict=True))
-    first = [results[k][0] for k in points[:15]]
+        published[k] = meta["status"]
+    first = [bool(published[k]) for k in points[:30]]
     assert not first[0] and first[-1]  # killed before the first commit, and after it
     assert first == sorted(first)  # once there, the file stays
-    assert {status for _, status in results.values()} == {None, "running", "complete"}
+    assert {False, "running", "complete"} == set(published.values())
