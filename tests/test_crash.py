@@ -153,3 +153,28 @@ def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
     assert not first[0] and first[-1]  # killed before the first commit, and after it
     assert first == sorted(first)  # once there, the file stays
     assert {False, "running", "complete"} == set(published.values())
+
+
+@needs_strace
+def test_kill_at_writes_of_a_split_trajs_hdf5_run_leaves_a_sound_file(tmp_path):
+    """split_trajs: rows are whole episodes, so the datasets are made when the first
+    episodes end and grow by rows at later commits (their per-row counters too)."""
+    from collect_cli.validate import validate
+    from collect_cli.writers.hdf5 import read_meta
+
+    args = ["env=Pendulum", "total_frames=3200", "frames_per_batch=200", "split_trajs=true"]
+    args += ["writer=hdf5", "progress=none"]
+    points = list(range(20, 200, 7))  # the whole run (its writes: about 190)
+    status = kill_runs(tmp_path, points, args)
+    lanes = []
+    for k in points:
+        out = tmp_path / f"k{k}.h5"
+        if not out.exists():
+            lanes.append(None)
+            continue
+        assert not validate(out), (k, validate(out))
+        meta = read_meta(out)
+        assert meta["lanes"] == len(meta["lane_steps"]) == meta["frames"] // 200, k
+        assert status[k] == -signal.SIGKILL or meta["status"] == "complete"
+        lanes.append(meta["lanes"])
+    assert lanes[0] is None and {8, 16} <= set(lanes)  # before the first rows; 8, then 16

@@ -273,7 +273,9 @@ class Writer(abc.ABC):
         )
         try:
             self._commit()
-            if self._publish_at is not None:  # the first commit: the dataset appears
+            # the first commit with frame storage made (split_trajs commits rows only
+            # once episodes end), or the last: the dataset appears
+            if self._publish_at is not None and (self._created or self._closed):
                 os.rename(self.path, self._publish_at)
                 self.path, self._publish_at = self._publish_at, None
         except OSError as exc:

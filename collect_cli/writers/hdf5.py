@@ -232,7 +232,9 @@ class RootAttrs:
             elif value is None and key in NULLABLE_TEXT:
                 stored = ""
             if stored is None or not self._overwrite(key, stored):
-                self._numbers.pop(key, None)  # its handle is closed before h5py deletes it
+                old = self._numbers.pop(key, None)  # its handle is closed before h5py deletes it
+                if key in GROWING and old is not None and isinstance(stored, np.ndarray):
+                    stored = _padded(stored, max(len(stored), 2 * old[2][0]))  # room to grow
                 if stored is not None:
                     self._attrs[key] = stored
                 elif key in self._attrs:
@@ -260,7 +262,9 @@ class RootAttrs:
             handle = self._numbers[key] = (attr, dtype, attr.shape, h5py.h5t.py_create(dtype))
         attr, dtype, shape, memtype = handle
         if shape != array.shape:
-            return False
+            if key not in GROWING or array.ndim != 1 or len(shape) != 1 or shape[0] < len(array):
+                return False
+            array = _padded(array, shape[0])
         attr.write(np.ascontiguousarray(array, dtype), memtype)
         return True
 
@@ -282,6 +286,10 @@ class RootAttrs:
         self._numbers.clear()
 
 
+def _padded(array: np.ndarray, length: int) -> np.ndarray:
+    return np.concatenate([array, np.full(length - len(array), PAD, array.dtype)])
+
+
 def _same(a: Any, b: Any) -> bool:
     try:
         return type(a) is type(b) and bool(a == b)
@@ -296,6 +304,11 @@ def _same(a: Any, b: Any) -> bool:
 # previous commit whole if the process dies while one is written.
 COMMIT_SLOTS = ("commit_0", "commit_1")
 COUNTERS = ("frames", "steps", "episodes")
+# Counters one entry per lane: with split_trajs the lanes (rows) grow at every
+# commit. Stored with room to grow (padded with PAD, the length doubling when
+# full), so that a commit overwrites them in place instead of replacing them.
+GROWING = ("lane_steps", *COMMIT_SLOTS)
+PAD = -1
 
 
 def commit_record(seq: int, meta: dict[str, Any]) -> np.ndarray:
@@ -314,8 +327,9 @@ def read_commit(attrs: h5py.AttributeManager) -> dict[str, Any] | None:
             record = np.asarray(attrs[name], np.int64).ravel()
         except (KeyError, OSError, ValueError, TypeError):
             continue  # absent, or cut by a crash while it was rewritten
-        if len(record) < 6 or record[4] != len(record) - 6:
+        if len(record) < 6 or not 0 <= record[4] <= len(record) - 6:
             continue
+        record = record[: 6 + record[4]]  # without the room to grow (PAD)
         if zlib.crc32(record[:-1].tobytes()) != record[-1]:
             continue
         if best is None or record[0] > best[0]:
@@ -330,11 +344,15 @@ def file_meta(attrs: h5py.AttributeManager) -> tuple[dict[str, Any], int]:
     """The metadata with the counters of the last whole commit, and its sequence number."""
     meta = decode_attrs(attrs)
     meta.setdefault("status", "running")  # unreadable: killed while closing
+    if isinstance(meta.get("lane_steps"), list) and isinstance(meta.get("lanes"), int):
+        meta["lane_steps"] = meta["lane_steps"][: meta["lanes"]]  # without the PAD
     record = read_commit(attrs)
     if record is None:
         return meta, 0
     seq = record.pop("seq")
     meta.update(record)
+    if record["lane_steps"]:  # the lanes too (split_trajs: grown by the commit after)
+        meta["lanes"] = len(record["lane_steps"])
     return meta, seq
 
 

@@ -10,7 +10,17 @@ from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.validate import validate
 from collect_cli.writers import make_writer, open_dataset
-from collect_cli.writers.hdf5 import COMMIT_SLOTS, Block, RootAttrs, decode_attrs, read_commit
+from collect_cli.writers.hdf5 import (
+    COMMIT_SLOTS,
+    PAD,
+    Block,
+    RootAttrs,
+    commit_record,
+    decode_attrs,
+    file_meta,
+    read_commit,
+    read_meta,
+)
 
 META = {"env_id": "CartPole-v1", "config": {}}
 
@@ -84,14 +94,15 @@ def test_root_attrs_overwrite_numbers_in_place_and_replace_the_rest(tmp_path):
     meta = {"frames": 1, "lane_steps": [1, 2], "spaces": {"a": 1}, "end_time": None}
     with h5py.File(tmp_path / "a.h5", "w") as f:
         attrs = RootAttrs(f)
-        attrs.store({**meta, "status": "running", "seed": 3})
+        attrs.store({**meta, "status": "running", "seed": 3, "extent": np.arange(2)})
         attrs.store({"frames": 5, "lane_steps": [3, 4], "spaces": {"a": 2}, "end_time": "now"})
-        attrs.store({"lane_steps": [5, 6, 7], "status": "interrupted", "seed": None})
+        attrs.store({"extent": np.arange(3), "status": "interrupted", "seed": None})
         attrs.store({"end_time": None})  # back to not set
         attrs.release()
     with h5py.File(tmp_path / "a.h5", "r") as f:
         assert f.attrs["frames"] == 5
-        assert f.attrs["lane_steps"].tolist() == [5, 6, 7]  # a new shape: replaced
+        assert f.attrs["extent"].tolist() == [0, 1, 2]  # a new shape: replaced
+        assert f.attrs["lane_steps"].tolist() == [3, 4]
         assert f.attrs["spaces"] == '{"a": 2}'
         assert f.attrs["status"] == "interrupted"  # text, a longer value
         assert f.attrs["end_time"] == ""  # kept, so that closing only overwrites it
@@ -117,6 +128,47 @@ def test_commit_records_alternate_and_carry_the_counters(tmp_path, batches):
         assert set(COMMIT_SLOTS) <= set(f.attrs)
     w.close()
     assert not set(COMMIT_SLOTS) & set(open_dataset(path).meta)  # not shown as metadata
+
+
+def test_per_lane_counters_grow_with_room_and_are_read_without_it(tmp_path):
+    """split_trajs adds lanes at every commit: ``lane_steps`` and the commit records
+    keep room to grow (PAD), so that most commits overwrite them in place."""
+    path = tmp_path / "g.h5"
+    with h5py.File(path, "w") as f:
+        attrs = RootAttrs(f)
+        for seq, lanes in enumerate([2, 3, 4, 5], 1):
+            meta = {"frames": 10 * lanes, "steps": 5, "episodes": lanes, "lanes": lanes}
+            meta["lane_steps"] = list(range(1, lanes + 1))
+            attrs.store({**meta, "commit_0": commit_record(seq, meta)})
+            if lanes == 3:  # grown from 2: the length doubled
+                assert f.attrs["lane_steps"].tolist() == [1, 2, 3, PAD]
+        attrs.release()
+    with h5py.File(path, "r") as f:
+        assert f.attrs["lane_steps"].tolist() == [1, 2, 3, 4, 5, PAD, PAD, PAD]
+        assert len(f.attrs["commit_0"]) == 16  # 6 + 5 lanes, room for 5 more
+        assert read_commit(f.attrs) == {
+            "seq": 4,
+            "frames": 50,
+            "steps": 5,
+            "episodes": 5,
+            "lane_steps": [1, 2, 3, 4, 5],
+        }
+        meta, seq = file_meta(f.attrs)
+        assert seq == 4 and meta["lane_steps"] == [1, 2, 3, 4, 5] and meta["lanes"] == 5
+
+
+def test_lanes_come_from_the_last_whole_commit(tmp_path, batches):
+    """A kill between a split_trajs commit's attribute writes can leave ``lanes`` of
+    the new commit beside the previous commit's record: the record wins."""
+    path = tmp_path / "l.h5"
+    w = make_writer("hdf5", path, metadata=META).open()
+    w.append(batches[0])
+    w.commit()
+    w.close()
+    with h5py.File(path, "r+") as f:
+        f.attrs["lanes"] = 6  # as if the next commit had written this much only
+    meta = read_meta(path)
+    assert meta["lanes"] == 3 and meta["lane_steps"] == [20, 20, 20]
 
 
 def test_a_torn_record_falls_back_to_the_previous_commit(tmp_path, batches):
