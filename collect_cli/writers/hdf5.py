@@ -344,8 +344,6 @@ def file_meta(attrs: h5py.AttributeManager) -> tuple[dict[str, Any], int]:
     """The metadata with the counters of the last whole commit, and its sequence number."""
     meta = decode_attrs(attrs)
     meta.setdefault("status", "running")  # unreadable: killed while closing
-    if isinstance(meta.get("lane_steps"), list) and isinstance(meta.get("lanes"), int):
-        meta["lane_steps"] = meta["lane_steps"][: meta["lanes"]]  # without the PAD
     record = read_commit(attrs)
     if record is None:
         return meta, 0
