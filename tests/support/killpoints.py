@@ -17,8 +17,6 @@ only at the traced calls, does not inject.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -26,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from collect_cli.cli import app
+from forkserver import run_child, warm_up  # this script's folder is on sys.path
 
 
 def traced(pid: int) -> bool:
@@ -40,17 +38,8 @@ def run_once(strace: str, k: int, args: list[str]) -> int:
     pid = os.fork()
     if pid == 0:  # the child: wait for the tracer, then run the CLI
         os.close(ready_w)
-        quiet = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(quiet, 1)  # this process's stdout carries the results
-        os.dup2(quiet, 2)
         os.read(ready_r, 1)
-        code = 1
-        try:
-            app(args=["run", *args], prog_name="rlcollect")
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        finally:
-            os._exit(code)
+        run_child(args, os.devnull)
     os.close(ready_r)
     with tempfile.NamedTemporaryFile("r", suffix=".trace") as trace:
         cmd = [strace, "-f", "-qq", "-e", "trace=pwrite64", "-p", str(pid)]
@@ -70,18 +59,6 @@ def run_once(strace: str, k: int, args: list[str]) -> int:
         if k == 0:
             return sum("pwrite64(" in line for line in trace)
     return os.waitstatus_to_exitcode(status)
-
-
-def warm_up(args: list[str]) -> None:
-    """One whole run here first: the lazy imports and first calls of a run cost
-    about two seconds, which each child then inherits done."""
-    args = [a for a in args if not a.startswith("total_frames=")] + ["total_frames=400"]
-    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
-        try:
-            app(args=["run", *args, f"out={tmp}/warm"], prog_name="rlcollect")
-        except SystemExit as exc:
-            if exc.code:
-                raise RuntimeError(f"the warm-up run failed ({exc.code})") from None
 
 
 def main() -> None:

@@ -1,0 +1,79 @@
+"""``rlcollect run`` processes forked from one warmed process, for crash tests.
+
+    python forkserver.py WARM_ARGS...        then one JSON request a line on stdin:
+
+    {"run": [ARGS...], "log": PATH}  ->  {"pid": PID}
+        fork a child that runs ``rlcollect run ARGS`` in its own session (so
+        ``killpg(PID)`` reaches it and its workers), its output going to PATH
+    {"poll": PID}  ->  {"code": CODE or null}     its exit status if it has ended
+    {"wait": PID}  ->  {"code": CODE}             wait for it (negative: the signal)
+
+A new interpreter spends about two seconds importing torch, tensordict and
+Hydra and making a run's first calls; ``warm_up`` pays that once, with one whole
+run of WARM_ARGS, and each child inherits it done. The children are real
+processes running the real CLI, killed with real signals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+from collect_cli.cli import app
+
+
+def warm_up(args: list[str]) -> None:
+    """One whole run of ``args`` here (400 frames, into a temporary directory)."""
+    args = [a for a in args if not a.startswith(("total_frames=", "out="))]
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+        try:
+            app(args=["run", *args, "total_frames=400", f"out={tmp}/warm"], prog_name="rlcollect")
+        except SystemExit as exc:
+            if exc.code:
+                raise RuntimeError(f"the warm-up run failed ({exc.code})") from None
+
+
+def run_child(args: list[str], log: str) -> None:
+    """In a forked child: ``rlcollect run args``, then exit with its status."""
+    code = 1
+    try:
+        os.setsid()
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        app(args=["run", *args], prog_name="rlcollect")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def serve() -> None:
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "run" in request:
+            pid = os.fork()
+            if pid == 0:
+                run_child(request["run"], request["log"])
+            reply: dict = {"pid": pid}
+        else:
+            pid = request.get("poll", request.get("wait"))
+            done, status = os.waitpid(pid, os.WNOHANG if "poll" in request else 0)
+            reply = {"code": os.waitstatus_to_exitcode(status) if done else None}
+        print(json.dumps(reply), flush=True)
+
+
+if __name__ == "__main__":
+    warm_up(sys.argv[1:])
+    serve()
