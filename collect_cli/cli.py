@@ -250,11 +250,11 @@ def validate(
     """Check a dataset's integrity; exit 0 only if it is sound, 1 with what is wrong."""
 
     def check() -> int:
-        from collect_cli.errors import OutputError
         from collect_cli.validate import validate as validate_dataset
+        from collect_cli.writers.base import missing_dataset
 
         if not path.exists():
-            raise OutputError(f"no dataset at {str(path)!r}")
+            raise missing_dataset(path)
         problems = validate_dataset(path)
         if not problems:
             print(f"ok: {path} is sound")

@@ -16,7 +16,7 @@ import pytest
 
 from collect_cli.writers import open_dataset
 from tests.conftest import out_path
-from tests.helpers import SUPPORT, ForkServer, assert_consistent
+from tests.helpers import SUPPORT, ForkServer, assert_consistent, start_run
 
 # more kills for a local soak: RLCOLLECT_CRASH_RUNS=40 pytest tests/test_crash.py
 RUNS_PER_BACKEND = int(os.environ.get("RLCOLLECT_CRASH_RUNS", "10"))
@@ -54,6 +54,37 @@ def test_sigkill_at_random_moments_leaves_valid_datasets(tmp_path, backend):
             assert server.wait(resumed) == 0, log.read_text()
             final = assert_consistent(out)
             assert final["status"] == "complete" and final["frames"] >= target
+
+
+def test_a_run_killed_before_its_first_commit_saved_nothing_and_says_so(tmp_path, cli):
+    """Killed while its first (big) batch is collected: ``out`` does not exist,
+    ``validate`` says why (exit 2), and the next run to ``out`` clears the staging
+    dataset. The staging is the Writer base class's, the same for both backends."""
+    out = out_path(tmp_path, "hdf5")
+    args = ["env=Pendulum", "collector=sync", f"out={out}", "progress=none"]
+    proc = start_run(
+        [*args, "frames_per_batch=100000", "total_frames=100000"],
+        tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    staging = tmp_path / f".{out.name}.creating-{proc.pid}"
+    deadline = time.monotonic() + 60
+    while not staging.exists() and time.monotonic() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.01)
+    assert staging.exists()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not out.exists() and staging.exists()
+    res = cli("validate", str(out))
+    assert res.code == 2
+    assert f"the run with pid {proc.pid} was killed before its first commit" in res.stderr
+    res = cli("run", *args, "frames_per_batch=200", "total_frames=400")
+    assert res.code == 0, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if "ds" in p.name) == [out.name]
+    assert assert_consistent(out)["status"] == "complete"
 
 
 def _strace() -> str | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from collect_cli.errors import OutputError
-from collect_cli.writers.base import Writer, check_output
+from collect_cli.writers.base import Writer, check_output, missing_dataset
 from collect_cli.writers.episodes import COLUMNS
 
 BACKENDS = ("hdf5", "memmap")
@@ -92,4 +92,4 @@ def open_dataset(path: str | Path) -> Dataset:
             return Dataset(path, "hdf5", read_meta(path))
         except OSError as exc:
             raise OutputError(f"{str(path)!r} is not a readable HDF5 dataset ({exc})") from None
-    raise OutputError(f"no dataset at {str(path)!r}")
+    raise missing_dataset(path)

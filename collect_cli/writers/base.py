@@ -52,15 +52,43 @@ def remove_output(path: Path) -> None:
         path.unlink()
 
 
-def remove_stale_staging(path: Path) -> None:
-    """Remove what runs killed before their first commit left: ``.<name>.creating-<pid>``
-    siblings of ``path`` whose process is gone."""
+def staging_leftovers(path: Path) -> list[tuple[Path, int]]:
+    """``(sibling, pid)`` of each ``.<name>.creating-<pid>`` staging dataset of
+    ``path`` (also ``<pid>.resize``, memmap's): what runs that have not made
+    their first commit, or were killed before it, are building."""
     prefix = f".{path.name}.creating-"
-    for leftover in path.parent.glob(f"{glob.escape(prefix)}*"):
-        pid = leftover.name[len(prefix) :].split(".", 1)[0]  # also <pid>.resize (memmap)
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+    found = []
+    for sibling in sorted(path.parent.glob(f"{glob.escape(prefix)}*")):
+        pid = sibling.name[len(prefix) :].split(".", 1)[0]
+        if pid.isdigit():
+            found.append((sibling, int(pid)))
+    return found
+
+
+def remove_stale_staging(path: Path) -> None:
+    """Remove the staging datasets of ``path`` left by runs that are gone."""
+    for leftover, pid in staging_leftovers(path):
+        if pid != os.getpid() and _alive(pid):
             continue  # another run's, still going
         remove_output(leftover)
+
+
+def missing_dataset(path: Path) -> OutputError:
+    """The error for no dataset at ``path``, naming a run that has not committed
+    (or was killed before its first commit) if its staging dataset is there."""
+    for staging, pid in staging_leftovers(path):
+        if staging.name.endswith(".resize"):
+            continue
+        if _alive(pid):
+            return OutputError(
+                f"no dataset at {str(path)!r} yet: the run with pid {pid} is creating it "
+                "and it appears at its first commit"
+            )
+        return OutputError(
+            f"no dataset at {str(path)!r}: the run with pid {pid} was killed before its "
+            f"first commit, so nothing was saved (the next run to it removes {staging.name})"
+        )
+    return OutputError(f"no dataset at {str(path)!r}")
 
 
 def _alive(pid: int) -> bool:

@@ -148,6 +148,25 @@ def test_closing_an_empty_dataset_publishes_it(tmp_path, backend):
     assert meta["status"] == "interrupted" and meta["frames"] == 0 and meta["end_time"]
 
 
+def test_a_missing_dataset_names_the_run_that_has_not_committed_it(tmp_path, backend):
+    path = out_path(tmp_path, backend)
+    with pytest.raises(OutputError, match=r"^no dataset at '[^']*'$"):
+        open_dataset(path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = tmp_path / f".{path.name}.creating-{dead.pid}"
+    leftover.write_bytes(b"half a dataset")
+    with pytest.raises(OutputError) as killed:
+        open_dataset(path)
+    assert str(killed.value) == (
+        f"no dataset at {str(path)!r}: the run with pid {dead.pid} was killed before its "
+        f"first commit, so nothing was saved (the next run to it removes {leftover.name})"
+    )
+    leftover.rename(tmp_path / f".{path.name}.creating-{os.getppid()}")
+    with pytest.raises(OutputError, match=f"yet: the run with pid {os.getppid()} is creating it"):
+        open_dataset(path)
+
+
 def test_open_removes_what_dead_runs_left_before_their_first_commit(tmp_path, backend):
     path = out_path(tmp_path, backend)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
