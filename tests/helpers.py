@@ -35,11 +35,10 @@ def start_run(args: list[str], cwd: Path, **popen: object) -> subprocess.Popen:
 
 class ForkServer:
     """``rlcollect run`` processes forked from one warmed process
-    (support/forkserver.py): each starts in well under a second instead of
-    about three. Each run is in its own session: ``os.killpg(pid, sig)``."""
+    (support/forkserver.py): none pays the 2-4 s a new interpreter spends on
+    imports. Each run is in its own session: ``os.killpg(pid, sig)``."""
 
     def __init__(self, cwd: Path, warm_args: list[str]):
-        self.cwd = cwd
         self.proc = subprocess.Popen(
             [sys.executable, str(SUPPORT / "forkserver.py"), *warm_args],
             cwd=cwd,
