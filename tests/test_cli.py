@@ -250,6 +250,10 @@ def test_default_out_under_data(cli, tmp_path):
         (("exploration_type=greedy",), "exploration_type='greedy' is not valid"),
         (("policy.noise=ou",), "policy.noise='ou' is not valid: choose from none, gaussian"),
         (("policy.noise=epsilon",), "policy.noise=epsilon needs discrete actions"),
+        (
+            ("env.backend=native", "env.num_envs=8001"),
+            "writer=hdf5 records at most 8000 env lanes",
+        ),
     ],
 )
 def test_usage_errors_exit_2_one_line(cli, tmp_path, args, message):

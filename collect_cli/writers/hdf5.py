@@ -19,6 +19,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from collect_cli.errors import ConfigError, WriteError
 from collect_cli.writers.base import Writer
 from collect_cli.writers.episodes import COLUMNS, Rows
 
@@ -234,7 +235,9 @@ class RootAttrs:
             if stored is None or not self._overwrite(key, stored):
                 old = self._numbers.pop(key, None)  # its handle is closed before h5py deletes it
                 if key in GROWING and old is not None and isinstance(stored, np.ndarray):
-                    stored = _padded(stored, max(len(stored), 2 * old[2][0]))  # room to grow
+                    most = MAX_LANES + (HEAD if key in COMMIT_SLOTS else 0)
+                    room = max(len(stored), min(2 * old[2][0], most))  # room to grow
+                    stored = _padded(stored, room)
                 if stored is not None:
                     self._attrs[key] = stored
                 elif key in self._attrs:
@@ -309,6 +312,20 @@ COUNTERS = ("frames", "steps", "episodes")
 # full), so that a commit overwrites them in place instead of replacing them.
 GROWING = ("lane_steps", *COMMIT_SLOTS)
 PAD = -1
+# Those counters are root attributes, and HDF5 keeps an attribute's message in
+# the object header, under 64 KiB: room for this many lanes (rows), no more.
+MAX_LANES = 8000
+HEAD = 6  # a commit record's entries besides lane_steps
+
+
+def lanes_limit(lanes: int, what: str) -> str | None:
+    """Why ``lanes`` lanes (or rows) are too many for an HDF5 dataset; None if not."""
+    if lanes <= MAX_LANES:
+        return None
+    return (
+        f"writer=hdf5 records at most {MAX_LANES} {what} (their step counts are file "
+        f"attributes, which HDF5 keeps under 64 KiB), not {lanes}"
+    )
 
 
 def commit_record(seq: int, meta: dict[str, Any]) -> np.ndarray:
@@ -327,9 +344,9 @@ def read_commit(attrs: h5py.AttributeManager) -> dict[str, Any] | None:
             record = np.asarray(attrs[name], np.int64).ravel()
         except (KeyError, OSError, ValueError, TypeError):
             continue  # absent, or cut by a crash while it was rewritten
-        if len(record) < 6 or not 0 <= record[4] <= len(record) - 6:
+        if len(record) < HEAD or not 0 <= record[4] <= len(record) - HEAD:
             continue
-        record = record[: 6 + record[4]]  # without the room to grow (PAD)
+        record = record[: HEAD + record[4]]  # without the room to grow (PAD)
         if zlib.crc32(record[:-1].tobytes()) != record[-1]:
             continue
         if best is None or record[0] > best[0]:
@@ -390,6 +407,10 @@ class Hdf5Writer(Writer):
         self._eoa_at: int | None = None
         self._reserved = 0
         self._seq = 0  # commits made (the last commit record's number)
+        if self.lanes is not None and (why := lanes_limit(self.lanes, "env lanes")):
+            raise ConfigError(
+                f"{why}: use writer=memmap, or fewer env.num_envs x collector.workers"
+            )
 
     def _reserve(self, nbytes: int) -> None:
         """Allocate disk space ahead of HDF5, so that a full disk (or a file-size
@@ -462,11 +483,23 @@ class Hdf5Writer(Writer):
     def _has(self, key: str) -> bool:
         return tuple(key.split("/")) in self._frames
 
+    def _check_rows(self, lanes: int) -> None:
+        """Rows (split_trajs: one an episode) past :data:`MAX_LANES` stop the run
+        before any is written; what was committed stays."""
+        if why := lanes_limit(lanes, "rows"):
+            raise WriteError(
+                f"{why}: with split_trajs=true every episode is a row; the dataset is readable "
+                f"up to the last commit ({self.meta.get('frames', 0)} frames); use "
+                "writer=memmap for more episodes"
+            )
+
     def _grow_lanes(self, lanes: int) -> None:
+        self._check_rows(lanes)
         for block in self._frames.values():
             block.resize(lanes, axis=0)
 
     def _create(self, items, lanes: int) -> None:
+        self._check_rows(lanes)
         for key, array in items:
             feat = array.shape[2:]
             row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * array.dtype.itemsize)

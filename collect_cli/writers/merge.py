@@ -403,6 +403,11 @@ def merge(
     backend = shards[0].ds.backend
     virtual = backend == "hdf5" and not copy
     meta = _metadata(shards, dest, rows, virtual)
+    if backend == "hdf5":
+        from collect_cli.writers.hdf5 import lanes_limit
+
+        if why := lanes_limit(meta["lanes"], "lanes"):
+            raise MergeError(f"{why}: merge fewer shards (memmap datasets have no such limit)")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+import torch
 
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
+from collect_cli.errors import ConfigError, WriteError
 from collect_cli.validate import validate
 from collect_cli.writers import make_writer, open_dataset
 from collect_cli.writers.hdf5 import (
     COMMIT_SLOTS,
+    MAX_LANES,
     PAD,
     Block,
     RootAttrs,
@@ -155,6 +158,65 @@ def test_per_lane_counters_grow_with_room_and_are_read_without_it(tmp_path):
         }
         meta, seq = file_meta(f.attrs)
         assert seq == 4 and meta["lane_steps"] == [1, 2, 3, 4, 5] and meta["lanes"] == 5
+
+
+def _tiled(batch, copies: int, first: int = 0):
+    """``batch``'s lanes ``copies`` times over, each copy with trajectory ids of its own."""
+    lanes = batch.batch_size[0]
+    out = torch.cat([batch] * copies, 0)
+    ids = out.get(("collector", "traj_ids"))
+    copy = first + torch.arange(copies).repeat_interleave(lanes)[:, None]
+    out.set(("collector", "traj_ids"), torch.where(ids >= 0, ids + copy * 1_000_000, ids))
+    return out
+
+
+def test_more_lanes_than_the_attributes_hold_is_a_usage_error(tmp_path, batches):
+    """Per-lane counters are root attributes, under 64 KiB each in HDF5: a run with
+    more lanes is refused before anything is written; MAX_LANES lanes fit."""
+    path = tmp_path / "w.h5"
+    with pytest.raises(ConfigError) as refused:
+        make_writer("hdf5", path, metadata=META, lanes=MAX_LANES + 1)
+    assert str(refused.value) == (
+        f"writer=hdf5 records at most {MAX_LANES} env lanes (their step counts are file "
+        f"attributes, which HDF5 keeps under 64 KiB), not {MAX_LANES + 1}: use writer=memmap, "
+        "or fewer env.num_envs x collector.workers"
+    )
+    assert not list(tmp_path.iterdir())
+    copies = -(-MAX_LANES // batches[0].batch_size[0])
+    w = make_writer("hdf5", path, metadata=META, lanes=MAX_LANES).open()
+    for batch in batches[:2]:
+        w.append(_tiled(batch, copies)[:MAX_LANES])
+        w.commit()
+    w.close()
+    assert not validate(path)
+    assert read_meta(path)["lane_steps"] == [40] * MAX_LANES
+
+
+def test_rows_past_the_limit_stop_the_run_and_keep_what_was_committed(tmp_path, batches):
+    """split_trajs rows (one an episode) grow the per-lane counters; their room to
+    grow stops at MAX_LANES, and the row after it is refused before it is written."""
+    path = tmp_path / "r.h5"
+    w = make_writer("hdf5", path, metadata=META).open()  # rows, not fixed lanes
+    for i, rows in enumerate((3000, 3000, 2000)):
+        w.append(_tiled(batches[0], 1000, first=1000 * i)[:rows], w.lanes or 0)
+        w.commit()
+    assert w.lanes == MAX_LANES
+    frames = w.frames
+    with pytest.raises(WriteError) as stopped:
+        w.append(_tiled(batches[0], 1, first=5000)[:1], w.lanes)
+    assert str(stopped.value) == (
+        f"writer=hdf5 records at most {MAX_LANES} rows (their step counts are file "
+        f"attributes, which HDF5 keeps under 64 KiB), not {MAX_LANES + 1}: with "
+        "split_trajs=true every episode is a row; the dataset is readable up to the last "
+        f"commit ({frames} frames); use writer=memmap for more episodes"
+    )
+    w.close("interrupted")
+    assert not validate(path)
+    meta = read_meta(path)
+    assert meta["lanes"] == MAX_LANES and meta["frames"] == frames
+    assert meta["status"] == "interrupted"
+    with h5py.File(path, "r") as f:  # the room stopped at the limit
+        assert len(f.attrs["lane_steps"]) == MAX_LANES
 
 
 def test_lanes_come_from_the_last_whole_commit(tmp_path, batches):

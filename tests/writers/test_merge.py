@@ -163,6 +163,17 @@ def test_merge_usage_errors_exit_2_one_line_nothing_written(made, tmp_path, name
     assert not [p for p in tmp_path.iterdir() if "merging" in p.name]
 
 
+def test_merge_refuses_more_hdf5_lanes_than_its_attributes_hold(tmp_path):
+    wide = ("env.backend=native", "env.num_envs=4001", "frames_per_batch=4001")
+    for name in ("a.h5", "b.h5"):
+        collect(tmp_path / name, *wide, "total_frames=4001")
+    shards = [str(tmp_path / "a.h5"), str(tmp_path / "b.h5")]
+    code, _, stderr = invoke("merge", *shards, "-o", str(tmp_path / "x.h5"))
+    assert code == 2
+    assert "writer=hdf5 records at most 8000 lanes" in stderr and "not 8002" in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.h5", "b.h5"]
+
+
 def test_merge_refuses_mixed_backends(tmp_path):
     collect(tmp_path / "h.h5", "env=CartPole", "total_frames=200")
     collect(tmp_path / "m", "env=CartPole", "total_frames=200", "writer=memmap")
