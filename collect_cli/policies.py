@@ -27,6 +27,7 @@ from collect_cli.config import (
     TorchScriptPolicyConfig,
 )
 from collect_cli.errors import PolicyError
+from collect_cli.exploration import ExplorationNoise
 
 ACTIVATIONS = {
     "tanh": nn.Tanh,
@@ -305,8 +306,6 @@ def build_policy(
     policy = _base_policy(cfg, obs_space, action_space, device, seed)
     if cfg.noise == "none":
         return policy
-    from collect_cli.exploration import ExplorationNoise
-
     return ExplorationNoise(
         policy,
         action_space,
@@ -315,6 +314,7 @@ def build_policy(
         epsilon=cfg.epsilon,
         seed=seed + 1,
         device=device,
+        sampler=RandomPolicy,
     )
 
 
