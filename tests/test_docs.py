@@ -155,6 +155,14 @@ def script(path: Path, workdir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def environment() -> dict[str, str]:
+    """This interpreter's ``bin`` first on ``PATH``: ``rlcollect`` and ``python`` are ours."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("MINARI_DATASETS_PATH", None)
+    return env
+
+
 def test_readme_is_short():
     lines = len((ROOT / "README.md").read_text().splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES})"
@@ -190,14 +198,11 @@ def test_commands_run_as_written(path, tmp_path):
     body = script(path, tmp_path)
     if re.search(r"\bjq\b", body) and shutil.which("jq") is None:
         pytest.skip("needs jq")
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.pop("MINARI_DATASETS_PATH", None)
     start = time.monotonic()
     proc = subprocess.run(
         ["bash", "-c", body],
         cwd=tmp_path,
-        env=env,
+        env=environment(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -205,3 +210,28 @@ def test_commands_run_as_written(path, tmp_path):
     )
     seconds = time.monotonic() - start
     assert proc.returncode == 0, f"after {seconds:.0f} s:\n{proc.stderr[-6000:]}"
+
+
+def test_the_rewrite_rules_only_shrink():
+    text = "total_frames=1e6 total_frames=-1 frames_per_batch=409600 env.num_envs=4096 num_envs=4"
+    assert shrink(text) == (
+        "total_frames=2000 total_frames=-1 frames_per_batch=1000 env.num_envs=8 num_envs=4"
+    )
+
+
+def test_the_runner_checks_exit_codes_and_skips_norun(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```bash\ntrue\nfalse  # exit 1\necho \\\n  joined > out.txt\n```\n\n"
+        "```bash norun\nexit 3\n```\n\n```python\nprint(open('out.txt').read())\n```\n"
+    )
+    run = subprocess.run(
+        ["bash", "-c", script(page, tmp_path)], cwd=tmp_path, env=environment(), capture_output=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "out.txt").read_text() == "joined\n"
+    page.write_text("```bash\ntrue  # exit 1\n```\n")
+    run = subprocess.run(
+        ["bash", "-c", script(page, tmp_path)], cwd=tmp_path, env=environment(), capture_output=True
+    )
+    assert run.returncode == 97 and b"exit 0, expected 1" in run.stderr
