@@ -225,6 +225,10 @@ def summary(ds: Dataset, rows, ret, obs_space, act_space) -> dict[str, Any]:
         out["normalised score"] = 100.0 * (ret["mean"] - refs[0]) / (refs[1] - refs[0])
         out["reference scores"] = f"{refs[0]:g} .. {refs[1]:g}"
     out["bytes on disk"] = disk_bytes(ds.path)
+    merged = meta.get("merged") if isinstance(meta.get("merged"), dict) else {}
+    if merged.get("mode") == "virtual":  # the frames stay in the shard files it links
+        shards = [ds.path.parent / s["path"] for s in meta.get("shards") or []]
+        out["bytes on disk"] += sum(disk_bytes(p) for p in shards if p.exists())
     out["backend"] = ds.backend
     out["layout"] = meta.get(LAYOUT_META) or "full"
     out["codec"] = codec or "none"

@@ -38,13 +38,14 @@ SECTIONS = (
     ("padding", "Padding, mask and lanes"),
 )
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1180px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; padding: 0 1.5em;
+       max-width: 1180px; color: #222; }
 h1 { margin-bottom: 0.1em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 0.2em; }
 .meta { color: #666; margin-top: 0; }
 .note { background: #fff4d6; border-left: 4px solid #e0a800; padding: 0.5em 0.8em; }
 table { border-collapse: collapse; font-size: 0.9em; }
 th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f3f3f3; } td.num { font-variant-numeric: tabular-nums; }
 img { max-width: 100%; display: block; margin: 0.6em 0; }
 .swatch { display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.3em; }
 """
@@ -76,7 +77,7 @@ def labels(stats: list[Stats]) -> list[str]:
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=DPI)  # figures use constrained layout: no tight bbox pass
     return buf.getvalue()
 
 
@@ -104,7 +105,9 @@ def figures(stats: list[Stats]) -> list[tuple[str, str, bytes]]:
 
 
 def _episodes(Figure, stats, names):
-    fig = Figure(figsize=(11, 3.6))
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
     axes = fig.subplots(1, 2)
     for i, (s, name) in enumerate(zip(stats, names, strict=True)):
         for ax, key in zip(axes, ("return_hist", "length_hist"), strict=True):
@@ -125,32 +128,37 @@ def _episodes(Figure, stats, names):
     axes[1].set(
         title="episode length (complete episodes)", xlabel="frames", ylabel="fraction of episodes"
     )
+    axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))  # lengths are whole frames
     axes[0].legend(fontsize="small")
     return fig
 
 
 def _drift(Figure, stats, names):
-    fig = Figure(figsize=(11, 3.2))
+    fig = Figure(figsize=(11, 3.2), layout="constrained")
     ax = fig.subplots()
     for i, (s, name) in enumerate(zip(stats, names, strict=True)):
         d = s.episodes["drift"]
         if d["episode"]:
-            ax.plot(d["episode"], d["mean"], color=colour(i), label=f"{name}: mean")
-            ax.fill_between(
-                d["episode"],
-                d["min"],
-                d["max"],
-                color=colour(i),
-                alpha=0.15,
-                linewidth=0,
-                label=f"{name}: min..max",
+            grouped = d["min"] != d["max"]  # more episodes than points: a band
+            ax.plot(
+                d["episode"], d["mean"], color=colour(i), label=f"{name}: mean" if grouped else name
             )
+            if grouped:
+                ax.fill_between(
+                    d["episode"],
+                    d["min"],
+                    d["max"],
+                    color=colour(i),
+                    alpha=0.15,
+                    linewidth=0,
+                    label=f"{name}: min..max",
+                )
     ax.set(
         title="return against episode order (drift over the collection)",
         xlabel="complete episode, in recorded order",
         ylabel="return",
     )
-    ax.legend(fontsize="small", ncol=2)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
@@ -225,27 +233,38 @@ def viewable(frame: np.ndarray) -> np.ndarray:
 
 
 def _lanes(Figure, stats, names):
-    fig = Figure(figsize=(11, 3.2))
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(11, 3.2), layout="constrained")
     axes = fig.subplots(1, 2)
-    for i, (s, name) in enumerate(zip(stats, names, strict=True)):
-        if not s.lanes:
-            continue
+    shown = [(i, s) for i, s in enumerate(stats) if s.lanes]
+    bars = all(len(s.lanes["frames"]) <= MAX_LANE_BARS for _, s in shown)
+    width = 0.8 / len(shown)
+    for j, (i, s) in enumerate(shown):
         for ax, key in zip(axes, ("frames", "episodes"), strict=True):
             values = np.asarray(s.lanes[key])
             x = np.arange(len(values))
-            if len(values) <= MAX_LANE_BARS and len(stats) == 1:
-                ax.bar(x, values, color=colour(i), label=name)
+            if bars:  # few lanes: one bar each, datasets side by side
+                ax.bar(x - 0.4 + width * (j + 0.5), values, width, color=colour(i), label=names[i])
             else:
-                ax.step(x, values, where="mid", color=colour(i), label=name)
+                ax.step(x, values, where="mid", color=colour(i), label=names[i])
         padding = np.asarray(s.lanes["padding"])
         if padding.any():
             x = np.arange(len(padding))
             axes[0].step(
-                x, padding, where="mid", color=colour(i), linestyle=":", label=f"{name}: padding"
+                x,
+                padding,
+                where="mid",
+                color=colour(i),
+                linestyle=":",
+                label=f"{names[i]}: padding",
             )
-    axes[0].set(title="valid frames per lane", xlabel="lane", ylabel="frames")
-    axes[1].set(title="episodes per lane", xlabel="lane", ylabel="episodes")
-    axes[0].legend(fontsize="small")
+    for ax, what in zip(axes, ("valid frames", "episodes"), strict=True):
+        ax.set(title=f"{what} per lane", xlabel="lane", ylabel=what)
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, names_ = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names_, loc="outside upper center", ncol=4, fontsize="small")
     return fig
 
 
@@ -305,12 +324,18 @@ def _sample_note(stats: list[Stats], group: str) -> str:
     parts = []
     for name, s in zip(labels(stats), stats, strict=True):
         if s.dims[group]:
-            parts.append(
-                f"{html.escape(name)}: {s.sample['frames']:,} frames sampled (every "
-                f"{s.sample['every']:,}th valid frame of {s.sample['of']:,}), the first "
-                f"{s.sample[f'{group}_dims_shown']} of {s.sample[f'{group}_dims']} dimensions"
+            every = s.sample["every"]
+            frames = (
+                f"all {s.sample['of']:,} valid frames"
+                if every == 1
+                else f"{s.sample['frames']:,} frames sampled (every {every:,}-th valid frame "
+                f"of {s.sample['of']:,})"
             )
-    return '<p class="meta">Distributions of a sample: ' + "; ".join(parts) + ".</p>"
+            parts.append(
+                f"{html.escape(name)}: {frames}, the first {s.sample[f'{group}_dims_shown']} "
+                f"of {s.sample[f'{group}_dims']} dimensions"
+            )
+    return '<p class="meta">Distributions over ' + "; ".join(parts) + ".</p>"
 
 
 def render_html(stats: list[Stats]) -> str:

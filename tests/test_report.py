@@ -275,6 +275,9 @@ def test_merged_and_running_datasets(datasets, tmp_path):
     assert res.code == 0, res.stderr
     (merged,) = json.loads(res.stdout)
     assert merged["summary"]["merged from"] == "2 shards"
+    files = [datasets["merged"], *(datasets["merged"].parent / f"shard{i}.h5" for i in (0, 1))]
+    # a virtual merge links the shards' frames: they count
+    assert merged["summary"]["bytes on disk"] == sum(f.stat().st_blocks * 512 for f in files)
     assert merged["summary"]["frames"] == 800 == sum(merged["lanes"]["frames"])
     # a run still going (committed, not closed): the page says so at the top
     running = tmp_path / "running.h5"
