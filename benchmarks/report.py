@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = []
-    work = Path(tempfile.mkdtemp(prefix="rlcollect-report-bench-", dir="."))
+    work = Path(tempfile.mkdtemp(prefix="rlcollect-report-bench-"))
     try:
         for frames in args.frames:
             for writer in args.writers:
