@@ -415,7 +415,7 @@ def report(
 
         dest = out or Path("report.html" if fmt == "html" else "report")
         report_html.check_out(dest, paths, overwrite, as_dir=fmt == "png")
-        report_html._matplotlib()  # the install hint before any dataset is read
+        report_html.require_matplotlib()  # the install hint before any dataset is read
         stats = _datasets_stats(paths)
         if fmt == "html":
             report_html.write_atomic(dest, report_html.render_html(stats).encode("utf-8"))

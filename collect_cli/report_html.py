@@ -51,7 +51,7 @@ img { max-width: 100%; display: block; margin: 0.6em 0; }
 """
 
 
-def _matplotlib():
+def require_matplotlib():
     """matplotlib's Figure class on the Agg backend, or the install hint as a usage error."""
     try:
         import matplotlib
@@ -88,7 +88,7 @@ def _fraction(counts: list[int]) -> np.ndarray:
 
 def figures(stats: list[Stats]) -> list[tuple[str, str, bytes]]:
     """``(section id, file stem, PNG bytes)`` of every figure, in page order."""
-    Figure = _matplotlib()
+    Figure = require_matplotlib()
     names = labels(stats)
     out = []
     if any(s.episodes["return_hist"]["counts"] for s in stats):
