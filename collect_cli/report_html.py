@@ -12,6 +12,7 @@ import base64
 import contextlib
 import html
 import io
+import math
 import os
 import shutil
 import time
@@ -129,6 +130,9 @@ def _episodes(Figure, stats, names):
         title="episode length (complete episodes)", xlabel="frames", ylabel="fraction of episodes"
     )
     axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))  # lengths are whole frames
+    edges = [e for s in stats for e in s.episodes["length_hist"]["edges"]]
+    if edges and max(edges) - min(edges) <= 10:  # a few lengths (fixed-length episodes)
+        axes[1].set_xticks(range(math.ceil(min(edges)), math.floor(max(edges)) + 1))
     axes[0].legend(fontsize="small")
     return fig
 
@@ -285,9 +289,12 @@ def _cell(value: Any) -> str:
 
 
 def summary_table(stats: list[Stats]) -> str:
+    from matplotlib.colors import to_hex  # the plots' colours, for the column headers
+
     names = labels(stats)
     head = "".join(
-        f'<th><span class="swatch" style="background:{colour(i)}"></span>{html.escape(n)}</th>'
+        f'<th><span class="swatch" style="background:{to_hex(colour(i))}"></span>'
+        f"{html.escape(n)}</th>"
         for i, n in enumerate(names)
     )
     fields: list[str] = []
