@@ -21,7 +21,7 @@ import yaml
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
-from collect_cli import config, specs
+from collect_cli import config, report, specs
 from collect_cli.cli import app
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
@@ -389,3 +389,27 @@ def test_without_matplotlib_says_what_to_install(datasets, tmp_path):
     res = run_cli("report", str(datasets["pend"]), "--out", str(out), env=env)
     one_error_line(res, 2, "pip install 'rlcollect[report]'")
     assert not out.exists()
+
+
+def test_sampled_distributions_take_every_kth_valid_frame(datasets, monkeypatch):
+    """Past SAMPLE_FRAMES valid frames, the per-dimension plots use every k-th one."""
+    monkeypatch.setattr(report, "SAMPLE_FRAMES", 100)
+    stats = report.dataset_stats(datasets["pend"])
+    want = expected(datasets["pend"])
+    assert stats.sample["every"] == 10 and stats.sample["frames"] == 100
+    # one block holds the whole small dataset: valid frames in lane-major order
+    sample = want["obs"][::10]
+    for d, dim in enumerate(stats.dims["observation"]):
+        counts, _ = np.histogram(sample[:, d].astype(np.float64), bins=HIST_BINS)
+        assert dim["counts"] == counts.tolist()
+
+
+def test_image_strip_frames_are_the_stored_frames(datasets):
+    stats = report.dataset_stats(datasets["pixels"])
+    ds = open_dataset(datasets["pixels"])
+    strip = stats.strip
+    start = ds.episodes()["start"][ds.episodes()["traj_id"] == strip["traj_id"]][0]
+    stored = ds.array("observation")[strip["lane"]]
+    assert len(stats.strip_frames) == len(strip["steps"]) > 1
+    for step, frame in zip(strip["steps"], stats.strip_frames, strict=True):
+        np.testing.assert_array_equal(frame, stored[start + step])
