@@ -378,7 +378,7 @@ Sections: summary table (one column per dataset), episode return and length
 histograms, return against episode order, per-dimension distributions of
 actions and observations (a sample of frames), image frames of one episode,
 padding/mask statistics and per-lane counts. Several PATHs are overlaid, one
-colour each. Needs matplotlib (pip install 'rlcollect[report]') except --json.
+colour each. Needs matplotlib (pip install 'rlcollect\\[report]') except --json.
 Exit codes: 0 done, 1 unreadable dataset, 2 bad usage or missing dataset.
 """
 
