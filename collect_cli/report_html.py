@@ -167,6 +167,8 @@ def _drift(Figure, stats, names):
 
 
 def _dims(Figure, stats, names, group):
+    from matplotlib.ticker import MaxNLocator
+
     order: list[str] = []  # dimension labels in first-seen order, overlaid by label
     for s in stats:
         order += [d["label"] for d in s.dims[group] if d["label"] not in order]
@@ -182,6 +184,7 @@ def _dims(Figure, stats, names, group):
             if d["kind"] == "discrete":
                 x = np.asarray(d["values"], np.float64) - 0.4 + width * (j + 0.5)
                 ax.bar(x, _fraction(d["counts"]), width=width, color=colour(i), label=names[i])
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # the values themselves
             elif d["counts"]:
                 ax.stairs(
                     _fraction(d["counts"]),
@@ -245,25 +248,36 @@ def _lanes(Figure, stats, names):
     bars = all(len(s.lanes["frames"]) <= MAX_LANE_BARS for _, s in shown)
     width = 0.8 / len(shown)
     for j, (i, s) in enumerate(shown):
+        padding = np.asarray(s.lanes["padding"])
         for ax, key in zip(axes, ("frames", "episodes"), strict=True):
             values = np.asarray(s.lanes[key])
             x = np.arange(len(values))
-            if bars:  # few lanes: one bar each, datasets side by side
-                ax.bar(x - 0.4 + width * (j + 0.5), values, width, color=colour(i), label=names[i])
+            if bars:  # few lanes: one bar each, datasets side by side, padding stacked on top
+                x = x - 0.4 + width * (j + 0.5)
+                ax.bar(x, values, width, color=colour(i), label=names[i])
+                if key == "frames" and padding.any():
+                    ax.bar(
+                        x,
+                        padding,
+                        width,
+                        bottom=values,
+                        color=colour(i),
+                        alpha=0.3,
+                        hatch="//",
+                        label=f"{names[i]}: padding",
+                    )
             else:
                 ax.step(x, values, where="mid", color=colour(i), label=names[i])
-        padding = np.asarray(s.lanes["padding"])
-        if padding.any():
-            x = np.arange(len(padding))
-            axes[0].step(
-                x,
-                padding,
-                where="mid",
-                color=colour(i),
-                linestyle=":",
-                label=f"{names[i]}: padding",
-            )
-    for ax, what in zip(axes, ("valid frames", "episodes"), strict=True):
+                if key == "frames" and padding.any():
+                    ax.step(
+                        x,
+                        padding,
+                        where="mid",
+                        color=colour(i),
+                        linestyle=":",
+                        label=f"{names[i]}: padding",
+                    )
+    for ax, what in zip(axes, ("frames", "episodes"), strict=True):
         ax.set(title=f"{what} per lane", xlabel="lane", ylabel=what)
         ax.set_ylim(bottom=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
