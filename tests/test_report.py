@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from collect_cli import config, report, specs
 from collect_cli.cli import app
-from collect_cli.collectors import SyncCollector
+from collect_cli.collectors import MultiSyncCollector, SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.report import HIST_BINS
 from collect_cli.report_html import viewable
@@ -88,7 +88,32 @@ def datasets(tmp_path_factory):
     ]  # fmt: skip
     merge(shards, root / "merged.h5")
     made["merged"] = root / "merged.h5"
+    made["nested"] = collect(
+        root / "nested", "env=gym", "env.id=toyenvs:Nested-v0", "env.num_envs=2",
+        "total_frames=100", "frames_per_batch=50", "writer=memmap",
+    )  # fmt: skip
+    made["padded"] = preempted(root / "padded.h5")
     return made
+
+
+def preempted(path: Path) -> Path:
+    """A dataset with padding inside episodes: a slow worker preempted mid-episode."""
+    fast = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.0, "length": 7})
+    slow = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.01, "length": 7})
+    with MultiSyncCollector(
+        [fast, slow], frames_per_batch=60, total_frames=300, preemptive_threshold=0.5
+    ) as c:
+        meta = {
+            "env_id": "toyenvs:Slow-v0",
+            "observation_space": specs.describe(c.observation_space),
+            "action_space": specs.describe(c.action_space),
+        }
+        writer = make_writer("hdf5", path, metadata=meta).open()
+        for batch in c:
+            writer.append(batch)
+            writer.commit()
+    writer.close()
+    return path
 
 
 class Page(HTMLParser):
@@ -413,3 +438,59 @@ def test_image_strip_frames_are_the_stored_frames(datasets):
     assert len(stats.strip_frames) == len(strip["steps"]) > 1
     for step, frame in zip(strip["steps"], stats.strip_frames, strict=True):
         np.testing.assert_array_equal(frame, stored[start + step])
+
+
+def test_padding_and_per_lane_counts(datasets):
+    res = invoke("report", str(datasets["padded"]), "--json")
+    assert res.code == 0, res.stderr
+    (stats,) = json.loads(res.stdout)
+    ds = open_dataset(datasets["padded"])
+    mask = ds.array("collector/mask").reshape(ds.array("collector/mask").shape[:2])
+    committed = np.arange(mask.shape[1])[None, :] < np.asarray(ds.meta["lane_steps"])[:, None]
+    padding = committed & ~mask
+    assert padding.any(), "no padding: the test is void"
+    assert stats["padding"]["padding_frames"] == int(padding.sum())
+    assert stats["padding"]["valid_frames"] == int((mask & committed).sum())
+    assert stats["lanes"]["padding"] == padding.sum(axis=1).tolist()
+    assert stats["lanes"]["frames"] == (mask & committed).sum(axis=1).tolist()
+    assert stats["padding"]["lanes_with_padding"] == int(padding.any(axis=1).sum())
+
+
+def test_page_of_padded_and_nested_datasets(datasets, tmp_path):
+    out = tmp_path / "figs"
+    paths = [str(datasets["padded"]), str(datasets["nested"])]
+    res = invoke("report", *paths, "--format", "png", "--out", str(out))
+    assert res.code == 0, res.stderr
+    for file in out.iterdir():
+        decode_png(file.read_bytes())
+    assert {f.name for f in out.iterdir()} >= {"action.png", "observation.png", "lanes.png"}
+
+
+def test_nested_spaces(datasets):
+    res = invoke("report", str(datasets["nested"]), "--json")
+    assert res.code == 0, res.stderr
+    (stats,) = json.loads(res.stdout)
+    actions = {d["label"]: d for d in stats["dims"]["action"]}
+    # Tuple action (Discrete, Box(3), MultiDiscrete(2)): 6 dims, the discrete ones as bars
+    assert list(actions) == [
+        "action/0", "action/1[0]", "action/1[1]", "action/1[2]", "action/2[0]", "action/2[1]",
+    ]  # fmt: skip
+    assert [d["kind"] for d in actions.values()] == [
+        "discrete",
+        *["continuous"] * 3,
+        *["discrete"] * 2,
+    ]
+    ds = open_dataset(datasets["nested"])
+    mask = ds.array("collector/mask")
+    values, counts = np.unique(ds.array("action/0")[mask], return_counts=True)
+    assert actions["action/0"]["values"] == values.tolist()
+    assert actions["action/0"]["counts"] == counts.tolist()
+    # Dict observation, in the space's key order: all 7 dims (under MAX_DIMS)
+    observations = {d["label"]: d["kind"] for d in stats["dims"]["observation"]}
+    assert observations == {
+        **{f"observation/flags[{i}]": "discrete" for i in range(4)},
+        "observation/mode": "discrete",
+        "observation/pos[0]": "continuous",
+        "observation/pos[1]": "continuous",
+    }
+    assert stats["sample"]["observation_dims"] == 7
