@@ -133,11 +133,13 @@ def _stats(ds: Dataset) -> Stats:
         lanes={},
         notes=notes,
     )
-    try:
-        src = Source(ds)
-    except DatasetError:
+    if not meta.get("frames"):
         notes.append(f"{ds.path.name} holds no committed frames yet: nothing to plot")
         return stats
+    try:
+        src = Source(ds)
+    except DatasetError:  # frames recorded, but no frame storage to read them from
+        raise KeyError(MASK) from None
     try:
         _stream(src, rows, stats, obs_space, act_space)
         _image_strip(src, rows, stats, obs_space)

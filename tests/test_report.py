@@ -12,9 +12,11 @@ import base64
 import io
 import json
 import re
+import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import yaml
@@ -386,11 +388,18 @@ def one_error_line(res, code: int, text: str) -> None:
 def test_errors_are_one_line(datasets, tmp_path):
     missing = tmp_path / "nope.h5"
     one_error_line(run_cli("report", str(missing)), 2, "no dataset at")
+    # a damaged dataset: its metadata opens, a frame key is gone
+    damaged = tmp_path / "damaged.h5"
+    shutil.copy(datasets["pend"], damaged)
+    with h5py.File(damaged, "r+") as f:
+        del f["observation"]
+    one_error_line(run_cli("report", str(damaged), "--json"), 1, "cannot read")
+    # in process: the same answers from card, and the usage errors
+    one_error_line(invoke("card", str(missing)), 2, "no dataset at")
+    one_error_line(invoke("card", str(damaged)), 1, "rlcollect validate")
     bogus = tmp_path / "bogus.h5"
     bogus.write_text("not hdf5")
-    one_error_line(run_cli("card", str(bogus)), 2, "not a readable HDF5 dataset")
-    # the same answers in process, and the usage errors
-    one_error_line(invoke("card", str(missing)), 2, "no dataset at")
+    one_error_line(invoke("card", str(bogus)), 2, "not a readable HDF5 dataset")
     one_error_line(invoke("report", str(bogus), "--json"), 2, "not a readable HDF5 dataset")
     pend = str(datasets["pend"])
     one_error_line(invoke("report", pend, "--format", "svg"), 2, "choose from html, png")
