@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from collect_cli import __version__
-from collect_cli.errors import OutputError, UsageError
+from collect_cli.errors import OutputError, UsageError, WriteError
 from collect_cli.report import ACTION, MAX_DIMS, OBSERVATION, Stats
+from collect_cli.writers import check_output
 
 MATPLOTLIB_INSTALL = "pip install 'rlcollect[report]'"
 DPI = 100
@@ -416,21 +417,29 @@ def check_out(out: Path, inputs: list[Path], overwrite: bool, as_dir: bool) -> N
             raise OutputError(f"output {str(out)!r} is not a folder of PNG files: not replacing it")
         if not as_dir and not out.is_file():
             raise OutputError(f"output {str(out)!r} exists and is not a file: not replacing it")
+    check_output(out, overwrite=True)  # the nearest existing parent is writable
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with path.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())  # on the device before the rename makes it visible
 
 
 def write_atomic(out: Path, files: dict[str, bytes] | bytes) -> None:
     """Write one file (``bytes``) or a folder of files under a hidden sibling name,
     then rename it into place: ``out`` is never seen half-written."""
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(files, bytes):
-            tmp.write_bytes(files)
+            _write_synced(tmp, files)
             os.replace(tmp, out)
             return
         tmp.mkdir()
         for name, data in files.items():
-            (tmp / name).write_bytes(data)
+            _write_synced(tmp / name, data)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.rename(out, old)
@@ -438,6 +447,8 @@ def write_atomic(out: Path, files: dict[str, bytes] | bytes) -> None:
             shutil.rmtree(old)
         else:
             os.rename(tmp, out)
+    except OSError as exc:
+        raise WriteError(f"writing {str(out)!r} failed: {exc.strerror or exc}") from None
     finally:
         with contextlib.suppress(OSError):
             if tmp.is_dir():
