@@ -13,6 +13,8 @@ import io
 import json
 import re
 import shutil
+import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -503,3 +505,17 @@ def test_nested_spaces(datasets):
         "observation/pos[1]": "continuous",
     }
     assert stats["sample"]["observation_dims"] == 7
+
+
+def test_help_imports_neither_torch_nor_matplotlib():
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from collect_cli.cli import app\n"
+        "for command in ('report', 'card'):\n"
+        "    assert CliRunner().invoke(app, [command, '--help']).exit_code == 0\n"
+        "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
