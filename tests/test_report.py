@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -389,13 +390,17 @@ def one_error_line(res, code: int, text: str) -> None:
 
 def test_errors_are_one_line(datasets, tmp_path):
     missing = tmp_path / "nope.h5"
-    one_error_line(run_cli("report", str(missing)), 2, "no dataset at")
     # a damaged dataset: its metadata opens, a frame key is gone
     damaged = tmp_path / "damaged.h5"
     shutil.copy(datasets["pend"], damaged)
     with h5py.File(damaged, "r+") as f:
         del f["observation"]
-    one_error_line(run_cli("report", str(damaged), "--json"), 1, "cannot read")
+    # the two processes side by side: each spends its time importing torch
+    with ThreadPoolExecutor(2) as pool:
+        gone = pool.submit(run_cli, "report", str(missing))
+        broken = pool.submit(run_cli, "report", str(damaged), "--json")
+    one_error_line(gone.result(), 2, "no dataset at")
+    one_error_line(broken.result(), 1, "cannot read")
     # in process: the same answers from card, and the usage errors
     one_error_line(invoke("card", str(missing)), 2, "no dataset at")
     one_error_line(invoke("card", str(damaged)), 1, "rlcollect validate")
