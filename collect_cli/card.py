@@ -114,7 +114,7 @@ os.environ["MINARI_DATASETS_PATH"] = "minari"  # where the export above wrote it
 dataset = minari.load_dataset("{ident}")
 print(dataset.total_episodes, "episodes")
 """
-    return [("python", python), ("sh", shell), ("python", minari)]
+    return [("python", python), ("bash", shell), ("python", minari)]
 
 
 def render_card(
@@ -146,7 +146,7 @@ def render_card(
     lines += [f"| `{k}` | {tuple(shape)} | {dtype} |" for k, shape, dtype in ds.describe()]
     lines += ["", "## Load it", "", "From this card's folder:", ""]
     for language, code in loading_snippets(ds.path, ds.backend, card_dir):
-        if language == "sh":
+        if language == "bash":
             lines += ["As a Minari dataset (`pip install 'rlcollect[export]'`):", ""]
         lines += [f"```{language}", code.rstrip("\n"), "```", ""]
     lines += [

@@ -372,7 +372,7 @@ def test_card_minari_snippet_runs(datasets, tmp_path, monkeypatch, capsys):
     res = invoke("card", str(datasets["pend"]))
     assert res.code == 0, res.stderr
     assert res.stdout.startswith("---\nlicense: unknown\n")
-    shell = re.search(r"```sh\n(.*?)\n```", res.stdout, re.S).group(1)
+    shell = re.search(r"```bash\n(.*?)\n```", res.stdout, re.S).group(1)
     assert shell.startswith("rlcollect export ")
     exported = invoke(*shell.split()[1:])
     assert exported.code == 0, exported.stderr
