@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from collect_cli.report import DATASET_META, EPISODES, MASK, OBSERVATION, Stats
+from collect_cli.dataformat import EPISODES, MASK, OBSERVATION
+from collect_cli.report import DATASET_META, Stats
 from collect_cli.writers import open_dataset
 
 TASK = "reinforcement-learning"

@@ -21,18 +21,12 @@ import yaml
 from gymnasium import spaces
 
 from collect_cli import specs
-from collect_cli.collectors.postproc import MASK_KEY, TRAJ_KEY
+from collect_cli.dataformat import ACTION, COLUMNS, MASK, OBSERVATION, TRAJ
 from collect_cli.errors import DatasetError
 from collect_cli.writers import Dataset, open_dataset
-from collect_cli.writers.episodes import COLUMNS
 from collect_cli.writers.export import Source
 
-# dataset keys (the frame keys of DESIGN.md section 4) and metadata keys
-MASK = "/".join(MASK_KEY)
-TRAJ = "/".join(TRAJ_KEY)
-OBSERVATION = "observation"
-ACTION = "action"
-EPISODES = "episodes"
+# metadata keys the report reads where the dataset has them
 DATASET_META = "dataset"  # the user's provenance (author, description, ref scores...)
 REF_MIN, REF_MAX = "ref_min_score", "ref_max_score"
 POLICY_PROVENANCE = "policy_provenance"

@@ -14,7 +14,6 @@ import html
 import io
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,11 @@ from typing import Any
 import numpy as np
 
 from collect_cli import __version__
+from collect_cli.dataformat import ACTION, OBSERVATION
 from collect_cli.errors import OutputError, UsageError, WriteError
-from collect_cli.report import ACTION, MAX_DIMS, OBSERVATION, Stats
+from collect_cli.report import MAX_DIMS, Stats
 from collect_cli.writers import check_output
+from collect_cli.writers.base import publish, remove_output
 
 MATPLOTLIB_INSTALL = "pip install 'rlcollect[report]'"
 DPI = 100
@@ -420,41 +421,24 @@ def check_out(out: Path, inputs: list[Path], overwrite: bool, as_dir: bool) -> N
     check_output(out, overwrite=True)  # the nearest existing parent is writable
 
 
-def _write_synced(path: Path, data: bytes) -> None:
-    with path.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())  # on the device before the rename makes it visible
-
-
 def write_atomic(out: Path, files: dict[str, bytes] | bytes) -> None:
     """Write one file (``bytes``) or a folder of files under a hidden sibling name,
-    then rename it into place: ``out`` is never seen half-written."""
+    then publish it: ``out`` is never seen half-written."""
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(files, bytes):
-            _write_synced(tmp, files)
-            os.replace(tmp, out)
-            return
-        tmp.mkdir()
-        for name, data in files.items():
-            _write_synced(tmp / name, data)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old)
+            tmp.write_bytes(files)
         else:
-            os.rename(tmp, out)
+            tmp.mkdir()
+            for name, data in files.items():
+                (tmp / name).write_bytes(data)
+        publish(tmp, out)
     except OSError as exc:
         raise WriteError(f"writing {str(out)!r} failed: {exc.strerror or exc}") from None
     finally:
         with contextlib.suppress(OSError):
-            if tmp.is_dir():
-                shutil.rmtree(tmp)
-            else:
-                tmp.unlink()
+            remove_output(tmp)
 
 
 def render_pngs(stats: list[Stats]) -> dict[str, bytes]:

@@ -37,6 +37,7 @@ class Result:
 
 
 _SERVER = None
+STARTUP_VARS = {"PYTHONPATH", "PYTHONHASHSEED", "OMP_NUM_THREADS"}  # read when Python starts
 
 
 def _server():
@@ -52,7 +53,7 @@ def _server():
 def run_cli(
     *args: str, cwd: Path | None = None, env: dict | None = None, timeout=300, fresh=False
 ) -> Result:
-    if not fresh:
+    if not fresh and not STARTUP_VARS & set(env or {}):
         with tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             server = _server()
