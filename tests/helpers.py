@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -80,12 +81,14 @@ class ForkServer:
             stdout=subprocess.PIPE,
             text=True,
         )
+        self._lock = threading.Lock()
 
     def _ask(self, **request: object) -> dict:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline()
+        with self._lock:  # one request and its reply at a time, whichever thread asks
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            reply = self.proc.stdout.readline()
         assert reply, f"the fork server exited ({self.proc.wait()})"
         return json.loads(reply)
 
