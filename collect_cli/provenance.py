@@ -30,6 +30,7 @@ NORMALIZED_SCORE = "normalized_score"  # info: D4RL-normalised mean return
 REF_MIN, REF_MAX = "ref_min_score", "ref_max_score"
 # dataset.* fields Minari's metadata has under the same names
 MINARI_FIELDS = ("author", "author_email", "code_permalink", "description", REF_MIN, REF_MAX)
+MINARI_SETS = ("author", "author_email")  # Minari holds these as sets of names
 SB3_DISTRIBUTIONS = ("stable-baselines3", "sb3-contrib")
 
 
@@ -106,6 +107,9 @@ def minari_metadata(meta: dict[str, Any]) -> dict[str, Any]:
     """Minari's own metadata fields filled from the dataset's provenance."""
     fields = meta.get(DATASET) or {}
     out: dict[str, Any] = {k: fields[k] for k in MINARI_FIELDS if fields.get(k) is not None}
+    for key in MINARI_SETS:
+        if key in out:
+            out[key] = {out[key]}
     record = meta.get(PROVENANCE) or {}
     if record.get("algorithm"):
         checkpoint = (record.get("checkpoint") or {}).get("name", "?")
