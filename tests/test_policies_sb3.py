@@ -10,6 +10,7 @@ import shutil
 from collections import OrderedDict
 from pathlib import Path
 
+import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
@@ -36,18 +37,40 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("sb3")
     out = {}
-    ppo = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0,
-              policy_kwargs=dict(SMALL), device="cpu")  # fmt: skip
+    ppo = PPO(
+        "MlpPolicy",
+        "CartPole-v1",
+        n_steps=32,
+        batch_size=32,
+        n_epochs=1,
+        seed=0,
+        policy_kwargs=dict(SMALL),
+        device="cpu",
+    )
     ppo.learn(64)
     ppo.save(root / "ppo.zip")
     out["ppo"] = root / "ppo.zip"
-    sac = SAC("MlpPolicy", "Pendulum-v1", learning_starts=16, batch_size=16, seed=0,
-              policy_kwargs=dict(SMALL), device="cpu")  # fmt: skip
+    sac = SAC(
+        "MlpPolicy",
+        "Pendulum-v1",
+        learning_starts=16,
+        batch_size=16,
+        seed=0,
+        policy_kwargs=dict(SMALL),
+        device="cpu",
+    )
     sac.learn(32)
     sac.save(root / "sac.zip")
     out["sac"] = root / "sac.zip"
-    dqn = DQN("MlpPolicy", "CartPole-v1", learning_starts=16, batch_size=16, seed=0,
-              policy_kwargs=dict(SMALL), device="cpu")  # fmt: skip
+    dqn = DQN(
+        "MlpPolicy",
+        "CartPole-v1",
+        learning_starts=16,
+        batch_size=16,
+        seed=0,
+        policy_kwargs=dict(SMALL),
+        device="cpu",
+    )
     dqn.learn(32)
     dqn.save(root / "dqn.zip")
     out["dqn"] = root / "dqn.zip"
@@ -57,8 +80,16 @@ def models(tmp_path_factory) -> dict[str, Path]:
     norm_dir = root / "normalized"
     norm_dir.mkdir()
     venv = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0), clip_obs=1.5)
-    normed = PPO("MlpPolicy", venv, n_steps=32, batch_size=32, n_epochs=1, seed=0,
-                 policy_kwargs=dict(SMALL), device="cpu")  # fmt: skip
+    normed = PPO(
+        "MlpPolicy",
+        venv,
+        n_steps=32,
+        batch_size=32,
+        n_epochs=1,
+        seed=0,
+        policy_kwargs=dict(SMALL),
+        device="cpu",
+    )
     normed.learn(64)
     normed.save(norm_dir / "ppo.zip")
     venv.save(norm_dir / "vecnormalize.pkl")
@@ -76,7 +107,7 @@ def collect(tmp_path: Path, name: str, *overrides: str) -> Path:
             "progress=none",
             f"out={out}",
             *overrides,
-        ]  # fmt: skip
+        ]
     )
     result = run(config.load(cfg))
     assert result.status == "complete"
@@ -119,8 +150,12 @@ def test_sac_deterministic_matches_predict(models, tmp_path):
 def test_sac_sampling_is_reproducible_with_sb3_log_probs(models, tmp_path):
     from stable_baselines3 import SAC
 
-    args = ("env=Pendulum", "policy=sb3", f"policy.path={models['sac']}",
-            "policy.deterministic=false")  # fmt: skip
+    args = (
+        "env=Pendulum",
+        "policy=sb3",
+        f"policy.path={models['sac']}",
+        "policy.deterministic=false",
+    )
     a = frames(collect(tmp_path, "a", *args, "seed=3"), "observation", "action", ACTION_LOG_PROB)
     b = frames(collect(tmp_path, "b", *args, "seed=3"), "action")[0]
     c = frames(collect(tmp_path, "c", *args, "seed=4"), "action")[0]
@@ -167,8 +202,14 @@ def test_vecnormalize_beside_the_model_is_applied_to_raw_observations(models, tm
     np.testing.assert_array_equal(action, expected)
     unnormalised, _ = model.predict(obs, deterministic=True)
     assert not np.allclose(action, unnormalised)  # the statistics matter for this model
-    off = collect(tmp_path, "off", "env=Pendulum", "policy=sb3", f"policy.path={model_path}",
-                  "policy.vecnormalize=none")  # fmt: skip
+    off = collect(
+        tmp_path,
+        "off",
+        "env=Pendulum",
+        "policy=sb3",
+        f"policy.path={model_path}",
+        "policy.vecnormalize=none",
+    )
     obs_off, action_off = frames(off, "observation", "action")
     np.testing.assert_array_equal(action_off, model.predict(obs_off, deterministic=True)[0])
     with h5py.File(path) as f:
@@ -219,8 +260,10 @@ def test_rl_zoo_folder_checkpoints(models, tmp_path):
 
 
 def test_rl_zoo_wrappers_and_python_tags_are_refused(models, tmp_path):
-    wrapped = zoo_folder(tmp_path / "a", models, {"env_wrapper": ["sb3_contrib.common.wrappers.TimeFeatureWrapper"]})  # fmt: skip
-    with pytest.raises(PolicyError, match="env_wrapper sb3_contrib.common.wrappers.TimeFeat"):
+    wrapped = zoo_folder(
+        tmp_path / "a", models, {"env_wrapper": ["sb3_contrib.common.wrappers.TimeFeatureWrapper"]}
+    )
+    with pytest.raises(PolicyError, match=r"env_wrapper sb3_contrib\.common\.wrappers\.TimeFeat"):
         resolve(config.Sb3PolicyConfig(path=str(wrapped)))
     stacked = zoo_folder(tmp_path / "b", models, {"frame_stack": 4})
     with pytest.raises(PolicyError, match="frame_stack=4"):
@@ -237,22 +280,28 @@ def test_rl_zoo_wrappers_and_python_tags_are_refused(models, tmp_path):
 
 def test_mismatched_model_is_a_usage_error_naming_both_spaces(models, tmp_path):
     out = tmp_path / "x.h5"
-    res = run_cli("run", "env=Pendulum", "policy=sb3", f"policy.path={models['dqn']}",
-                  "total_frames=64", f"out={out}", "progress=none", cwd=tmp_path)  # fmt: skip
+    res = run_cli(
+        "run",
+        "env=Pendulum",
+        "policy=sb3",
+        f"policy.path={models['dqn']}",
+        "total_frames=64",
+        f"out={out}",
+        "progress=none",
+        cwd=tmp_path,
+    )
     assert res.code == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith("rlcollect: error: policy.path dqn.zip: the model's observation")
     assert "(4,)" in lines[0] and "(3,)" in lines[0]
     assert not out.exists()
-    obs_space, act_space = (
-        __import__("gymnasium").make("CartPole-v1").observation_space,
-        __import__("gymnasium").spaces.Discrete(3),
-    )
+    obs_space, act_space = gym.make("CartPole-v1").observation_space, gym.spaces.Discrete(3)
+    cfg = config.Sb3PolicyConfig(path=str(models["ppo"]))
     with pytest.raises(
         PolicyError, match=r"action space Discrete\(2\) does not match.*Discrete\(3\)"
     ):
-        policies.build_policy(config.Sb3PolicyConfig(path=str(models["ppo"])), obs_space, act_space, torch.device("cpu"), 0)  # fmt: skip
+        policies.build_policy(cfg, obs_space, act_space, torch.device("cpu"), 0)
 
 
 def test_without_sb3_the_error_says_what_to_install(models, tmp_path):
@@ -285,11 +334,18 @@ class TwoHeads(torch.nn.Module):
 
 def test_export_program_drives_a_run(tmp_path):
     module = TwoHeads()
-    program = torch.export.export(module, (torch.zeros(4, 3),),
-                                  dynamic_shapes=({0: torch.export.Dim("lanes")},))  # fmt: skip
+    program = torch.export.export(
+        module, (torch.zeros(4, 3),), dynamic_shapes=({0: torch.export.Dim("lanes")},)
+    )
     torch.export.save(program, tmp_path / "policy.pt2")
-    path = collect(tmp_path, "ex", "env=Pendulum", "policy=export",
-                   f"policy.path={tmp_path / 'policy.pt2'}", "dataset.author=Ada")  # fmt: skip
+    path = collect(
+        tmp_path,
+        "ex",
+        "env=Pendulum",
+        "policy=export",
+        f"policy.path={tmp_path / 'policy.pt2'}",
+        "dataset.author=Ada",
+    )
     obs, action, score = frames(path, "observation", "action", "score")
     with torch.no_grad():
         expected = program.module()(torch.as_tensor(obs))
@@ -300,7 +356,7 @@ def test_export_program_drives_a_run(tmp_path):
         assert json.loads(f.attrs[provenance.DATASET]) == {"author": "Ada"}
     assert record["checkpoint"]["sha256"] == sha256(tmp_path / "policy.pt2")
     (tmp_path / "junk.pt2").write_bytes(b"junk")
-    with pytest.raises(PolicyError, match="is not a torch.export program"):
+    with pytest.raises(PolicyError, match=r"is not a torch\.export program"):
         policies.load_export_policy(str(tmp_path / "junk.pt2"))
 
 
@@ -323,8 +379,12 @@ def test_provenance_through_info_merge_and_exports(models, tmp_path, monkeypatch
     from collect_cli.writers.export import export
     from collect_cli.writers.merge import merge
 
-    user = ("dataset.author=Ada", "dataset.author_email=ada@example.org",
-            "dataset.ref_min_score=0", "dataset.ref_max_score=500")  # fmt: skip
+    user = (
+        "dataset.author=Ada",
+        "dataset.author_email=ada@example.org",
+        "dataset.ref_min_score=0",
+        "dataset.ref_max_score=500",
+    )
     shards = [
         collect(tmp_path, name, "env=CartPole", "policy=sb3", f"policy.path={model}", *user)
         for name, model in (("medium", models["ppo"]), ("expert", models["ppo_later"]))
