@@ -25,6 +25,7 @@ import yaml
 from gymnasium import spaces
 from tensordict import TensorDict
 from torch import nn
+from torch.distributions import Distribution
 
 from collect_cli.config import Sb3PolicyConfig
 from collect_cli.errors import PolicyError
@@ -453,43 +454,56 @@ class Sb3Policy(nn.Module):
                 actions = torch.clamp(actions, self.low, self.high)
         return actions.to(self.action_dtype)
 
-    @torch.no_grad()
     def forward(self, td: TensorDict) -> TensorDict:
         n = td.batch_size[0]
         obs = self._observation(td)
-        policy, det = self.sb3_policy, self.deterministic
-        with self._own_rng():
-            if self.kind == "actor_critic":
-                actions, values, log_prob = policy(obs, deterministic=det)
-                td.set(VALUE, values.reshape(n).float())
-                td.set(ACTION_LOG_PROB, log_prob.reshape(n).float())
-            elif self.kind == "squashed_actor":
-                mean, log_std, kwargs = policy.actor.get_action_dist_params(obs)
-                dist = policy.actor.action_dist.proba_distribution(mean, log_std, **kwargs)
-                actions = dist.get_actions(deterministic=det)
-                log_prob = (
-                    dist.log_prob(actions, dist.gaussian_actions)
-                    if hasattr(dist, "gaussian_actions")
-                    else dist.log_prob(actions)
-                )
-                td.set(ACTION_LOG_PROB, log_prob.reshape(n).float())
-            elif self.kind in ("q", "quantile"):
-                if self.kind == "q":
-                    q_values = policy.q_net(obs)
-                else:  # quantiles [n, quantiles, actions]: their mean is the Q-value
-                    q_values = policy.quantile_net(obs).mean(dim=1)
-                actions = q_values.argmax(dim=1)
-                if not det and self.exploration_rate > 0:  # epsilon-greedy, per lane
-                    explore = torch.rand(n, device=self.device) < self.exploration_rate
-                    uniform = torch.randint(self.n_actions, (n,), device=self.device)
-                    actions = torch.where(explore, uniform, actions)
-                td.set(Q_VALUES, q_values.float())
-            elif self.kind == "deterministic_actor":
-                actions = policy.actor(obs)
-            else:
-                actions = policy._predict(obs, deterministic=det)
+        # SB3 builds a torch distribution each step, and torch checks its parameters
+        # each time (a quarter of a small policy's step): a loaded network needs no check
+        validate = Distribution._validate_args
+        Distribution.set_default_validate_args(False)
+        try:
+            with torch.no_grad():
+                if self.samples:
+                    with self._own_rng():
+                        actions, extras = self._step(obs, n)
+                else:
+                    actions, extras = self._step(obs, n)
+        finally:
+            Distribution.set_default_validate_args(validate)
+        for key, value in extras.items():
+            td.set(key, value)
         td.set("action", self._actions(actions, n))
         return td
+
+    def _step(self, obs: Any, n: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The policy's raw actions and the extras it has, for a batch of ``n`` lanes."""
+        policy, det = self.sb3_policy, self.deterministic
+        if self.kind == "actor_critic":
+            actions, values, log_prob = policy(obs, deterministic=det)
+            return actions, {VALUE: values.view(n), ACTION_LOG_PROB: log_prob.view(n)}
+        if self.kind == "squashed_actor":
+            mean, log_std, kwargs = policy.actor.get_action_dist_params(obs)
+            dist = policy.actor.action_dist.proba_distribution(mean, log_std, **kwargs)
+            actions = dist.get_actions(deterministic=det)
+            if hasattr(dist, "gaussian_actions"):  # exact, where inverting tanh would not be
+                log_prob = dist.log_prob(actions, dist.gaussian_actions)
+            else:
+                log_prob = dist.log_prob(actions)
+            return actions, {ACTION_LOG_PROB: log_prob.view(n)}
+        if self.kind in ("q", "quantile"):
+            if self.kind == "q":
+                q_values = policy.q_net(obs)
+            else:  # quantiles [n, quantiles, actions]: their mean is the Q-value
+                q_values = policy.quantile_net(obs).mean(dim=1)
+            actions = q_values.argmax(dim=1)
+            if not det and self.exploration_rate > 0:  # epsilon-greedy, per lane
+                explore = torch.rand(n, device=self.device) < self.exploration_rate
+                uniform = torch.randint(self.n_actions, (n,), device=self.device)
+                actions = torch.where(explore, uniform, actions)
+            return actions, {Q_VALUES: q_values}
+        if self.kind == "deterministic_actor":
+            return policy.actor(obs), {}
+        return policy._predict(obs, deterministic=det), {}
 
 
 def _kind(policy: nn.Module) -> str:
