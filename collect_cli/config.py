@@ -84,6 +84,7 @@ class Sb3PolicyConfig(ExplorationConfig):
     deterministic: bool = True
     vecnormalize: str | None = None  # None: the file beside the model; "none": no normalisation
     checkpoint: str | None = None  # RL Zoo folder: best | last | <steps>; None: best, else last
+    extras: bool = True  # record action_log_prob / value / q_values where the model has them
 
 
 PolicyConfig = (

@@ -368,9 +368,14 @@ class Sb3Policy(nn.Module):
             self.span = torch.as_tensor(action_space.high - action_space.low, device=self.device)
         self.n_actions = int(action_space.n) if isinstance(action_space, spaces.Discrete) else 0
         self.samples = not self.deterministic and self.kind != "deterministic_actor"
+        self.extras = bool(cfg.extras)
         self._rng_states = self._seeded_states(seed)
 
     def _load(self, cls: type) -> Any:
+        from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+
+        # no replay buffer of the training size for acting (RL Zoo's enjoy does the same)
+        extra = {"buffer_size": 1} if issubclass(cls, OffPolicyAlgorithm) else {}
         try:  # a model builds (and discards) fresh networks: leave the global RNG as it was
             with torch.random.fork_rng(devices=[]):
                 return cls.load(
@@ -378,6 +383,7 @@ class Sb3Policy(nn.Module):
                     device=self.device,
                     custom_objects=CUSTOM_OBJECTS,
                     print_system_info=False,
+                    **extra,
                 )
         except Exception as exc:
             detail = " ".join(str(exc).split())[:200]
@@ -478,6 +484,8 @@ class Sb3Policy(nn.Module):
     def _step(self, obs: Any, n: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The policy's raw actions and the extras it has, for a batch of ``n`` lanes."""
         policy, det = self.sb3_policy, self.deterministic
+        if not self.extras and self.kind in ("actor_critic", "squashed_actor"):
+            return policy._predict(obs, deterministic=det), {}  # the actor alone, as predict
         if self.kind == "actor_critic":
             actions, values, log_prob = policy(obs, deterministic=det)
             return actions, {VALUE: values.view(n), ACTION_LOG_PROB: log_prob.view(n)}
@@ -500,7 +508,7 @@ class Sb3Policy(nn.Module):
                 explore = torch.rand(n, device=self.device) < self.exploration_rate
                 uniform = torch.randint(self.n_actions, (n,), device=self.device)
                 actions = torch.where(explore, uniform, actions)
-            return actions, {Q_VALUES: q_values}
+            return actions, {Q_VALUES: q_values} if self.extras else {}
         if self.kind == "deterministic_actor":
             return policy.actor(obs), {}
         return policy._predict(obs, deterministic=det), {}

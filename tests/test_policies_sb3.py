@@ -135,6 +135,12 @@ def test_ppo_actions_log_probs_values_match_sb3(models, tmp_path):
     np.testing.assert_allclose(log_prob, sb3_log_prob.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(value, values.numpy().ravel(), rtol=1e-5, atol=1e-6)
     assert np.ptp(value) > 0 and np.ptp(log_prob) > 0  # they follow the observations
+    bare = collect(tmp_path, "bare", "env=CartPole", "policy=sb3",
+                   f"policy.path={models['ppo']}", "policy.extras=false")  # fmt: skip
+    with h5py.File(bare) as f:
+        assert ACTION_LOG_PROB not in f and VALUE not in f
+    obs, action = frames(bare, "observation", "action")
+    np.testing.assert_array_equal(action, model.predict(obs, deterministic=True)[0])
 
 
 def test_sac_deterministic_matches_predict(models, tmp_path):
