@@ -430,3 +430,27 @@ def test_provenance_through_info_merge_and_exports(models, tmp_path, monkeypatch
     assert (saved["author"], saved["author_email"]) == ({"Ada"}, {"ada@example.org"})
     assert (saved["ref_min_score"], saved["ref_max_score"]) == (0, 500)
     assert saved["algorithm_name"].startswith("PPO (ppo.zip)")
+
+
+def test_resume_refuses_another_checkpoint(tmp_path):
+    from collect_cli.errors import ConfigError
+    from tests.helpers import start_run, wait_for_frames
+
+    for name, seed in (("a.pt2", 0), ("b.pt2", 1)):
+        torch.manual_seed(seed)
+        net = torch.nn.Linear(3, 1)
+        lanes = torch.export.Dim("lanes")
+        program = torch.export.export(net, (torch.zeros(4, 3),), dynamic_shapes=({0: lanes},))
+        torch.export.save(program, tmp_path / name)
+    out = tmp_path / "r.h5"
+    common = ["env=Pendulum", "policy=export", f"out={out}", "progress=none"]
+    proc = start_run([*common, f"policy.path={tmp_path / 'a.pt2'}", "total_frames=-1"], tmp_path)
+    wait_for_frames(out, proc, minimum=2000)
+    proc.terminate()
+    proc.communicate()
+    resume = [*common, "resume=true", "total_frames=1e6"]
+    other = config.load(config.compose([*resume, f"policy.path={tmp_path / 'b.pt2'}"]))
+    with pytest.raises(ConfigError, match="its policy checkpoint differ"):
+        run(other)
+    same = [*resume, f"policy.path={tmp_path / 'a.pt2'}", "total_frames=4000"]
+    assert run(config.load(config.compose(same))).status == "complete"
