@@ -454,3 +454,32 @@ def test_resume_refuses_another_checkpoint(tmp_path):
         run(other)
     same = [*resume, f"policy.path={tmp_path / 'a.pt2'}", "total_frames=4000"]
     assert run(config.load(config.compose(same))).status == "complete"
+
+
+@pytest.mark.parametrize(
+    ("algo", "preset", "extra"),
+    [("A2C", "CartPole", VALUE), ("TD3", "Pendulum", None), ("QRDQN", "CartPole", Q_VALUES),
+     ("TQC", "Pendulum", ACTION_LOG_PROB)],
+)  # fmt: skip
+def test_more_algorithms_match_predict(tmp_path, algo, preset, extra):
+    import sb3_contrib
+    import stable_baselines3
+
+    cls = getattr(stable_baselines3, algo, None) or getattr(sb3_contrib, algo)
+    env_id = {"CartPole": "CartPole-v1", "Pendulum": "Pendulum-v1"}[preset]
+    kwargs = {"n_steps": 8} if algo == "A2C" else {"learning_starts": 8, "batch_size": 8}
+    model = cls("MlpPolicy", env_id, seed=0, device="cpu", policy_kwargs=dict(SMALL), **kwargs)
+    model.learn(16)
+    model.save(tmp_path / "m.zip")
+    assert resolve(config.Sb3PolicyConfig(path=str(tmp_path / "m.zip"))).algo == algo
+    path = collect(
+        tmp_path, "m", f"env={preset}", "policy=sb3", f"policy.path={tmp_path / 'm.zip'}"
+    )
+    obs, action = frames(path, "observation", "action")
+    expected, _ = cls.load(tmp_path / "m.zip", device="cpu").predict(obs, deterministic=True)
+    np.testing.assert_allclose(action, expected, rtol=1e-6, atol=1e-6)
+    with h5py.File(path) as f:
+        recorded = {k for k in (ACTION_LOG_PROB, VALUE, Q_VALUES) if k in f}
+    assert recorded == ({extra} if extra else set()) | (
+        {ACTION_LOG_PROB} if algo == "A2C" else set()
+    )
