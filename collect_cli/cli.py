@@ -17,8 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from collect_cli import __version__
-
-EXIT_OK, EXIT_RUNTIME, EXIT_INTERRUPTED = 0, 1, 130  # usage errors: UsageError.exit_code (2)
+from collect_cli.errors import EXIT_OK, EXIT_RUNTIME, RlcollectError, exit_code
 
 app = typer.Typer(
     name="rlcollect",
@@ -137,7 +136,7 @@ def _run(overrides: list[str]) -> int:
     finally:
         progress.close()
     print(json.dumps(result.as_dict()), flush=True)
-    return EXIT_INTERRUPTED if result.status == "interrupted" else EXIT_OK
+    return exit_code(result.status)
 
 
 def _sweep(overrides: list[str], debug: bool) -> int:
@@ -161,8 +160,6 @@ def _sweep(overrides: list[str], debug: bool) -> int:
 
 
 def _guarded(fn, debug: bool) -> int:
-    from collect_cli.errors import RlcollectError
-
     try:
         return fn()
     except RlcollectError as exc:
@@ -172,15 +169,15 @@ def _guarded(fn, debug: bool) -> int:
             if worker_trace:
                 print(f"in the worker process:\n{worker_trace}", file=sys.stderr, end="")
         _err(str(exc))
-        return exc.exit_code
-    except KeyboardInterrupt:
+        return exit_code(exc)
+    except KeyboardInterrupt as exc:
         _err("interrupted")
-        return EXIT_INTERRUPTED
+        return exit_code(exc)
     except Exception as exc:
         if debug:
             traceback.print_exc()
         _err(f"unexpected {type(exc).__name__}: {exc} (rerun with debug=true for a traceback)")
-        return EXIT_RUNTIME
+        return exit_code(exc)
 
 
 def _info_dict(path: Path) -> dict[str, Any]:
@@ -252,12 +249,14 @@ def validate(
     """Check a dataset's integrity; exit 0 only if it is sound, 1 with what is wrong."""
 
     def check() -> int:
-        from collect_cli.validate import validate as validate_dataset
+        from collect_cli.validate import check as check_dataset
         from collect_cli.writers.base import missing_dataset
 
         if not path.exists():
             raise missing_dataset(path)
-        problems = validate_dataset(path)
+        problems, notes = check_dataset(path)
+        for note in notes:
+            print(f"rlcollect: note: {path}: {note}", file=sys.stderr)
         if not problems:
             print(f"ok: {path} is sound")
             return EXIT_OK

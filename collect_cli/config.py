@@ -305,7 +305,9 @@ def _first_line(exc: BaseException) -> str:
 
 def default_out(env_id: str, policy: str, seed: int, writer: str) -> Path:
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", env_id).strip("_")
-    suffix = ".h5" if writer == "hdf5" else ""
+    from collect_cli.dataformat import SUFFIXES
+
+    suffix = SUFFIXES[writer]
     return Path("data") / f"{stem}_{policy}_s{seed}{suffix}"
 
 

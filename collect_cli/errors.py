@@ -1,18 +1,23 @@
-"""Error families. Each carries the process exit code DESIGN.md assigns to it."""
+"""Error families. Each carries the process exit code DESIGN.md assigns to it.
+
+:func:`exit_code` is the one mapping from how a command ended to its exit code,
+used by the CLI and by each job of a sweep."""
 
 from __future__ import annotations
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class RlcollectError(Exception):
     """Base class: a failure with a one-line, user-facing message."""
 
-    exit_code = 1
+    exit_code = EXIT_RUNTIME
 
 
 class UsageError(RlcollectError):
     """Bad usage or configuration: unknown env, invalid value, output exists..."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class ConfigError(UsageError):
@@ -49,3 +54,17 @@ class DatasetError(RlcollectError):
 
 class MergeError(UsageError):
     """Shards that cannot be merged: different envs, spaces, keys or dtypes; incomplete."""
+
+
+def exit_code(outcome: BaseException | str) -> int:
+    """The exit code of a command that raised ``outcome``, or whose run ended with
+    status ``outcome``: 0 done, 1 runtime failure, 2 bad usage, 130 interrupted."""
+    if isinstance(outcome, str):
+        from collect_cli.dataformat import INTERRUPTED
+
+        return EXIT_INTERRUPTED if outcome == INTERRUPTED else EXIT_OK
+    if isinstance(outcome, RlcollectError):
+        return outcome.exit_code
+    if isinstance(outcome, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return EXIT_RUNTIME

@@ -14,6 +14,8 @@ action only under ``random``, as TorchRL's exploration modules do:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from gymnasium import spaces
@@ -39,7 +41,12 @@ def interaction(exploration_type: str) -> contextlib.AbstractContextManager:
 
 
 class ExplorationNoise(nn.Module):
-    """Wraps a TensorDict policy; perturbs its actions under ``exploration_type=random``."""
+    """Wraps a TensorDict policy; perturbs its actions under ``exploration_type=random``.
+
+    ``sampler(space, device, seed)`` builds the uniform action sampler (``.sample(n)``)
+    epsilon draws from: the policies module's, passed in so that this module stays
+    below it.
+    """
 
     def __init__(
         self,
@@ -51,10 +58,9 @@ class ExplorationNoise(nn.Module):
         epsilon: float,
         seed: int,
         device: torch.device,
+        sampler: Callable[[spaces.Space, torch.device, int], Any],
     ):
         super().__init__()
-        from collect_cli.policies import RandomPolicy
-
         self.policy = policy
         self.kind = kind
         self.noise_scale = float(noise_scale)
@@ -71,9 +77,7 @@ class ExplorationNoise(nn.Module):
             )
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
-        self._random = RandomPolicy(
-            spaces.Tuple([leaf.space for leaf in self.leaves]), device, seed + 1
-        )
+        self._random = sampler(spaces.Tuple([leaf.space for leaf in self.leaves]), device, seed + 1)
         self._bounds = []
         for leaf in self.leaves:
             if kind != "gaussian":

@@ -30,6 +30,7 @@ from collect_cli.config import (
     TorchScriptPolicyConfig,
 )
 from collect_cli.errors import PolicyError
+from collect_cli.exploration import ExplorationNoise
 
 log = logging.getLogger("rlcollect")
 _torchscript_noted = False  # the deprecation note is said once per process
@@ -334,8 +335,6 @@ def build_policy(
     policy = _base_policy(cfg, obs_space, action_space, device, seed)
     if cfg.noise == "none":
         return policy
-    from collect_cli.exploration import ExplorationNoise
-
     return ExplorationNoise(
         policy,
         action_space,
@@ -344,6 +343,7 @@ def build_policy(
         epsilon=cfg.epsilon,
         seed=seed + 1,
         device=device,
+        sampler=RandomPolicy,
     )
 
 

@@ -35,11 +35,18 @@ from omegaconf import DictConfig, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from collect_cli import config
-from collect_cli.errors import CollectionError, ConfigError, RlcollectError
+from collect_cli.dataformat import SUFFIXES
+from collect_cli.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_RUNTIME,
+    CollectionError,
+    ConfigError,
+    RlcollectError,
+    exit_code,
+)
 
 log = logging.getLogger("rlcollect")
 
-EXIT_INTERRUPTED = 130
 # Hydra settings of a sweep unless the user sets them: no Hydra logging or log
 # files, no .hydra/ directories, and jobs run in the caller's directory
 HYDRA_DEFAULTS = {
@@ -67,7 +74,7 @@ def shard_out(
     name = config.default_out(
         settings.env.id, settings.policy.name, settings.seed, settings.writer.name
     ).name
-    suffix = ".h5" if settings.writer.name == "hdf5" else ""
+    suffix = SUFFIXES[settings.writer.name]
     stem = name[: -len(suffix)] if suffix else name
     width = len(str(max(count - 1, 0)))
     return Path("data") / sweep_id / f"{stem}_job{job:0{width}d}{suffix}"
@@ -253,7 +260,7 @@ class SweepJob:
                 }
             }
             done = self._collect(settings, num)
-            code = EXIT_INTERRUPTED if done.status == "interrupted" else 0
+            code = exit_code(done.status)
             result.update(
                 frames=done.frames,
                 episodes=done.episodes,
@@ -263,12 +270,13 @@ class SweepJob:
                 exit_code=code,
             )
         except RlcollectError as exc:
-            result.update(exit_code=exc.exit_code, error=str(exc))
+            result.update(exit_code=exit_code(exc), error=str(exc))
             worker_trace = getattr(exc, "worker_traceback", None)
             if debug:
                 result["traceback"] = traceback.format_exc() + (worker_trace or "")
         except OmegaConfBaseException as exc:
-            result.update(exit_code=2, error=str(config.hydra_error(exc)))
+            usage = config.hydra_error(exc)
+            result.update(exit_code=exit_code(usage), error=str(usage))
         except KeyboardInterrupt:
             result.update(status="interrupted", exit_code=EXIT_INTERRUPTED, error="interrupted")
         except Exception as exc:
@@ -397,7 +405,7 @@ def failed_result(num: int, overrides: list[str]) -> dict[str, Any]:
         "seconds": None,
         "frames_per_s": None,
         "status": "failed",
-        "exit_code": 1,
+        "exit_code": EXIT_RUNTIME,
     }
 
 

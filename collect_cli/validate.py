@@ -10,30 +10,27 @@ from pathlib import Path
 
 import numpy as np
 
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import COLUMNS, FORMAT_VERSION, MASK, STATUSES
 from collect_cli.errors import OutputError
 from collect_cli.writers import open_dataset
-from collect_cli.writers.base import FORMAT_VERSION, STATUSES
-from collect_cli.writers.episodes import COLUMNS
 
-FRAME_KEYS = {
-    "observation": None,
-    "action": None,
-    "done": "bool",
-    "terminated": "bool",
-    "truncated": "bool",
-    "next/observation": None,
-    "next/reward": "float",
-    "next/done": "bool",
-    "next/terminated": "bool",
-    "next/truncated": "bool",
-    "collector/traj_ids": "int64",
-    "collector/mask": "bool",
-}
-META_KEYS = ("format_version", "status", "frames", "steps", "episodes", "lanes", "env_id", "config")
+META_KEYS = (*fmt.REQUIRED_META, "config")
 
 
 def validate(path: str | Path) -> list[str]:
     """Everything wrong with the dataset at ``path`` (an empty list: sound)."""
+    return check(path)[0]
+
+
+def check(path: str | Path) -> tuple[list[str], list[str]]:
+    """``(problems, notes)`` of the dataset at ``path``: what is wrong, and what
+    is worth knowing about a sound one (a killed run's unflagged cuts)."""
+    notes: list[str] = []
+    return _problems(path, notes), notes
+
+
+def _problems(path: str | Path, notes: list[str]) -> list[str]:
     try:
         ds = open_dataset(path)
         arrays = {key: (shape, dtype) for key, shape, dtype in ds.describe()}
@@ -47,13 +44,13 @@ def validate(path: str | Path) -> list[str]:
         problems.append(f"format_version {meta['format_version']} (expected {FORMAT_VERSION})")
     if meta["status"] not in STATUSES:
         problems.append(f"status {meta['status']!r} is not one of {', '.join(STATUSES)}")
-    if meta["frames"] == 0 and "collector/mask" not in arrays:
+    if meta["frames"] == 0 and MASK not in arrays:
         return problems  # nothing committed yet: an empty dataset is sound
     problems += _schema(arrays, meta)
     if problems:
         return problems
     try:
-        problems += _frames_and_episodes(ds, meta)
+        problems += _frames_and_episodes(ds, meta, notes)
     except (OSError, ValueError, RuntimeError) as exc:
         problems.append(f"unreadable data: {exc}")
     return problems
@@ -62,7 +59,7 @@ def validate(path: str | Path) -> list[str]:
 def _schema(arrays: dict, meta: dict) -> list[str]:
     problems = []
     lanes, steps = meta["lanes"], meta["steps"]
-    for key, kind in FRAME_KEYS.items():
+    for key, kind in fmt.REQUIRED_FRAME_KEYS.items():
         matches = [k for k in arrays if k == key or k.startswith(key + "/")]
         if not matches:
             problems.append(f"missing key {key!r}")
@@ -76,7 +73,7 @@ def _schema(arrays: dict, meta: dict) -> list[str]:
             if wrong:
                 problems.append(f"{name!r} has dtype {dtype}, expected {kind}")
     for column in COLUMNS:
-        name = f"episodes/{column}"
+        name = fmt.column(column)
         if name not in arrays:
             problems.append(f"missing key {name!r}")
         elif arrays[name][0][0] < meta["episodes"]:
@@ -86,28 +83,22 @@ def _schema(arrays: dict, meta: dict) -> list[str]:
     return problems
 
 
-def _frames_and_episodes(ds, meta: dict) -> list[str]:
+def _frames_and_episodes(ds, meta: dict, notes: list[str]) -> list[str]:
     problems = []
     lanes, steps = meta["lanes"], meta["steps"]
-    lane_steps = np.asarray(meta.get("lane_steps") or [steps] * lanes)
-
-    def frames(key: str) -> np.ndarray:
-        return ds.array(key)[:lanes, :steps].reshape(lanes, -1)
-
-    mask = frames("collector/mask")
-    traj = frames("collector/traj_ids")
-    done = frames("next/done")
-    term = frames("next/terminated")
-    trunc = frames("next/truncated")
     keys = {key for key, _, _ in ds.describe()}
-    # after postproc=multistep, next/* look ahead: a frame's own step is "original"
-    own_reward = "next/original_reward" if "next/original_reward" in keys else "next/reward"
-    reward = frames(own_reward).astype(np.float64)
-    own_done = done & (frames("steps_to_next_obs") == 1) if "steps_to_next_obs" in keys else done
+
+    def get(key: fmt.Key) -> np.ndarray | None:
+        name = fmt.path(key)
+        return ds.array(name)[:lanes, :steps].reshape(lanes, -1) if name in keys else None
+
+    mask, traj = get(fmt.MASK_KEY), get(fmt.TRAJ_KEY)
+    done, term, trunc = get(fmt.DONE_KEY), get(fmt.TERMINATED_KEY), get(fmt.TRUNCATED_KEY)
+    reward, own_done = fmt.own_step(get, mask.shape)
     if not meta.get("reset_when_done", True):
         own_done = np.zeros_like(own_done)  # a trajectory spans episodes: no id change
-    committed = np.arange(steps)[None, :] < lane_steps[:, None]
-    valid = mask & committed
+    valid = mask & fmt.committed(meta)
+    committed = fmt.committed(meta)
     if int(valid.sum()) != meta["frames"]:
         problems.append(f"{int(valid.sum())} valid frames, metadata says {meta['frames']}")
     padding = committed & ~mask
@@ -118,9 +109,9 @@ def _frames_and_episodes(ds, meta: dict) -> list[str]:
     if not (done[valid] == (term[valid] | trunc[valid])).all():
         problems.append("next/done differs from next/terminated | next/truncated")
 
-    # per lane, in time order (padding skipped), the id changes exactly after a done
-    # frame, or after the last frame of an episode cut short (a resumed run)
-    ep = {name: ds.array(f"episodes/{name}")[: meta["episodes"]] for name in COLUMNS}
+    # per lane, in time order (padding skipped), the id changes exactly after a frame
+    # that ends its trajectory: a done frame, or the last frame of one the dataset cut
+    ep = {name: ds.array(fmt.column(name))[: meta["episodes"]] for name in COLUMNS}
     lane_of, time_of = np.nonzero(valid)
     ids, ends = traj[lane_of, time_of], own_done[lane_of, time_of]
     same_lane = lane_of[1:] == lane_of[:-1]
@@ -155,20 +146,36 @@ def _frames_and_episodes(ds, meta: dict) -> list[str]:
         problems.append("episodes/return disagrees with the frames' rewards")
     last_frame = np.zeros(len(unique), np.int64)
     np.maximum.at(last_frame, inverse, np.arange(len(ids)))
-    ended = ends[last_frame[pos]]
-    if (ep["complete"] != ended).any():
-        problems.append("episodes/complete disagrees with the frames' done flags")
     complete = ep["complete"]
+    end_lane, end_time = lane_of[last_frame[pos]], time_of[last_frame[pos]]
+    if (complete & ~ends[last_frame[pos]]).any():
+        problems.append("episodes/complete disagrees with the frames' done flags")
     last = last_frame[pos][complete]
     if (ep["terminated"][complete] != term[lane_of[last], time_of[last]]).any() or (
         ep["truncated"][complete] != trunc[lane_of[last], time_of[last]]
     ).any():
         problems.append("episodes terminated/truncated disagree with the frames")
+    # the dataset's own cuts end with next/truncated and next/done, like an env's
+    flagged = trunc & done
+    unflagged = ~complete & ~flagged[end_lane, end_time] & meta.get("reset_when_done", True)
     missing = np.setdiff1d(unique, ep["traj_id"])
-    if meta["status"] == "running":
-        # a crashed run has not yet recorded the episodes still running in each lane
-        tails = {int(traj[lane, np.flatnonzero(valid[lane])[-1]]) for lane in set(lane_of.tolist())}
+    if meta["status"] == fmt.RUNNING:
+        # a killed run has not yet recorded (nor flagged) the trajectory of each lane
+        # that the kill cut: resume=true does both
+        last = fmt.last_valid(valid, fmt.lane_steps(meta))
+        tails = {int(traj[lane, t]) for lane, t in enumerate(last.tolist()) if t >= 0}
         missing = np.array([m for m in missing.tolist() if m not in tails])
+        cut = sum(1 for lane, t in enumerate(last.tolist()) if t >= 0 and not done[lane, t])
+        if cut:
+            notes.append(
+                f"{cut} trajectories cut by the kill end without next/truncated: "
+                "resume=true flags them"
+            )
+        unflagged &= ~np.isin(ep["traj_id"], list(tails))
+    if unflagged.any():
+        problems.append(
+            f"{int(unflagged.sum())} trajectories cut by the dataset end without next/truncated"
+        )
     if len(missing):
         problems.append(f"{len(missing)} trajectories have no episodes row (e.g. {missing[0]})")
     return problems

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from collect_cli.validate import validate
 from collect_cli.writers import open_dataset
 
@@ -18,6 +20,36 @@ def assert_consistent(path: Path | str) -> dict:
     problems = validate(path)
     assert not problems, problems
     return open_dataset(path).meta
+
+
+def assert_split_on_done(path: Path | str) -> int:
+    """Splitting each lane's valid frames after every ``next/done`` frame gives exactly
+    the trajectories of ``collector/traj_ids``, as a D4RL-style reader sees them;
+    return how many trajectories were checked. After multistep a frame's own step
+    ended where ``steps_to_next_obs`` is 1."""
+    ds = open_dataset(path)
+    lanes, steps = ds.meta["lanes"], ds.meta["steps"]
+    counts = ds.meta.get("lane_steps") or [steps] * lanes
+    keys = {key for key, _, _ in ds.describe()}
+
+    def frames(key: str) -> np.ndarray:
+        return np.asarray(ds.array(key))[:lanes, :steps].reshape(lanes, steps, -1)[..., 0]
+
+    traj, mask, done = frames("collector/traj_ids"), frames("collector/mask"), frames("next/done")
+    if "steps_to_next_obs" in keys:
+        done = done & (frames("steps_to_next_obs") == 1)
+    checked = 0
+    for lane in range(lanes):
+        valid = np.flatnonzero(mask[lane, : counts[lane]])
+        ids, ends = traj[lane, valid], done[lane, valid]
+        pieces = np.split(ids, np.flatnonzero(ends[:-1]) + 1) if len(ids) else []
+        for piece in pieces:
+            assert (piece == piece[0]).all(), f"lane {lane}: ids {set(piece.tolist())} in one piece"
+        firsts = [int(p[0]) for p in pieces]
+        assert len(set(firsts)) == len(firsts), f"lane {lane}: a trajectory split in two"
+        assert len(ids) == 0 or bool(ends[-1]), f"lane {lane}: its last trajectory is unflagged"
+        checked += len(pieces)
+    return checked
 
 
 SUPPORT = Path(__file__).parent / "support"

@@ -227,6 +227,7 @@ def test_default_out_under_data(cli, tmp_path):
         (("frames_per_batch=2.5",), "frames_per_batch must be integral"),
         (("total_frames=-5",), "or -1 to run until interrupted"),
         (("out=blocker/ds.h5",), "is not writable"),
+        (("out=/proc/x/y.h5",), "'/proc' is not writable"),  # root passes os.access there
         (("collector=multisync", "collector.workers=0"), "collector.workers must be at least 1"),
         (("collector=multisync", "collector.preemptive_threshold=1.5"), "preemptive_threshold"),
         (("collector=multisync", "env=gym", "env.id=Nope-v3"), "unknown env id 'Nope-v3'"),

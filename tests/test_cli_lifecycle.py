@@ -11,9 +11,10 @@ import sys
 import numpy as np
 import pytest
 
+from collect_cli.validate import check
 from collect_cli.writers import open_dataset
 from tests.conftest import HERE, out_path
-from tests.helpers import assert_consistent, start_run, wait_for_frames
+from tests.helpers import assert_consistent, assert_split_on_done, start_run, wait_for_frames
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -111,6 +112,8 @@ def test_resume_killed_run_to_complete(cli, tmp_path, backend):
     proc.communicate()
     before = assert_consistent(out)
     assert before["status"] == "running" and before["frames"] < 40000
+    _, notes = check(out)  # the kill's cuts are not flagged yet
+    assert any("resume=true flags them" in note for note in notes) == bool(before["steps"] % 200)
 
     res = cli("run", *args, "resume=true", "progress=none")
     assert res.code == 0, res.stderr
@@ -125,6 +128,7 @@ def test_resume_killed_run_to_complete(cli, tmp_path, backend):
     cut = ep["traj_id"][~ep["complete"]]
     assert len(cut) == (16 if before["steps"] % 200 else 0)
     assert len(np.unique(ep["traj_id"])) == len(ep["traj_id"]) == meta["episodes"]
+    assert assert_split_on_done(out) == meta["episodes"]  # the resume point is flagged
 
     again = cli("run", *args, "resume=true", "progress=none")
     assert again.code == 0 and again.summary["status"] == "complete"

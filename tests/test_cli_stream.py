@@ -8,7 +8,7 @@ import pytest
 
 from collect_cli.writers import open_dataset
 from tests.conftest import out_path
-from tests.helpers import assert_consistent, start_run, wait_for_frames
+from tests.helpers import assert_consistent, assert_split_on_done, start_run, wait_for_frames
 
 COUNTER = ("env=gym", "env.id=toyenvs:Counter-v0", "env.num_envs=2", "progress=none")
 
@@ -44,11 +44,15 @@ def test_rollout_options_give_sound_datasets(cli, tmp_path, backend, options):
     meta = assert_consistent(out)
     assert meta["frames"] == res.summary["frames"] == 3000
     ep = open_dataset(out).episodes()
+    if "reset_when_done=false" not in options:  # there a trajectory spans episodes
+        assert assert_split_on_done(out) == len(ep["traj_id"])
     if "reset_at_each_iter=true" in options:
-        # 10 batches of 100 steps per lane: each batch's last episode in a lane is cut,
-        # unless it ended on the batch's last step
-        done = open_dataset(out).array("next/done")[..., 0]
-        assert (~ep["complete"]).sum() == (~done[:, 99::100]).sum() > 20
+        # 10 batches of 100 steps per lane: each batch's last episode in a lane is cut
+        # (flagged truncated: CartPole truncates at 500 steps), unless it ended there
+        ds = open_dataset(out)
+        done, trunc = ds.array("next/done")[..., 0], ds.array("next/truncated")[..., 0]
+        assert done[:, 99::100].all()
+        assert (~ep["complete"]).sum() == trunc[:, 99::100].sum() > 20
     if "reset_when_done=false" in options:
         assert len(ep["traj_id"]) == 3 and not ep["complete"].any()
     if "max_frames_per_traj=7" in options:

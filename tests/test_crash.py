@@ -16,7 +16,7 @@ import pytest
 
 from collect_cli.writers import open_dataset
 from tests.conftest import out_path
-from tests.helpers import SUPPORT, ForkServer, assert_consistent, start_run
+from tests.helpers import SUPPORT, ForkServer, assert_consistent, assert_split_on_done, start_run
 
 # more kills for a local soak: RLCOLLECT_CRASH_RUNS=40 pytest tests/test_crash.py
 RUNS_PER_BACKEND = int(os.environ.get("RLCOLLECT_CRASH_RUNS", "10"))
@@ -54,6 +54,7 @@ def test_sigkill_at_random_moments_leaves_valid_datasets(tmp_path, backend):
             assert server.wait(resumed) == 0, log.read_text()
             final = assert_consistent(out)
             assert final["status"] == "complete" and final["frames"] >= target
+            assert assert_split_on_done(out) == final["episodes"]
 
 
 def test_a_run_killed_before_its_first_commit_saved_nothing_and_says_so(tmp_path, cli):

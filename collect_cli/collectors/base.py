@@ -12,6 +12,7 @@ import numpy as np
 from tensordict import TensorDictBase
 from torch.utils.data import IterableDataset
 
+from collect_cli import dataformat as fmt
 from collect_cli.errors import CollectionError, RlcollectError
 
 
@@ -24,7 +25,7 @@ def derive_seeds(seed: int, count: int, *stream: int) -> list[int]:
     return [int(s) for s in seq.generate_state(count, dtype=np.uint32)]
 
 
-FLAG_KEYS = ("done", "terminated", "truncated")
+FLAG_KEYS = fmt.FLAGS
 
 
 class BatchViews(NamedTuple):
@@ -53,15 +54,15 @@ def batch_views(
     act_idx = [policy_keys.index(k) for k in act_keys]
     return BatchViews(
         obs=[v[k] for k in obs_keys],
-        next_obs=[v[("next", *k)] for k in obs_keys],
+        next_obs=[v[(fmt.NEXT, *k)] for k in obs_keys],
         policy=policy,
         act_idx=act_idx,
         extras=[view for i, (_, view) in enumerate(policy) if i not in act_idx],
-        reward=v[("next", "reward")],
-        traj=v[("collector", "traj_ids")],
-        done=v[("next", "done")],
-        terminated=v[("next", "terminated")],
-        truncated=v[("next", "truncated")],
+        reward=v[fmt.REWARD_KEY],
+        traj=v[fmt.TRAJ_KEY],
+        done=v[fmt.DONE_KEY],
+        terminated=v[fmt.TERMINATED_KEY],
+        truncated=v[fmt.TRUNCATED_KEY],
     )
 
 
@@ -82,10 +83,10 @@ def pad_steps(views: Mapping[tuple[str, ...], Any], start: int) -> None:
     """Steps ``start...`` of time-major buffer ``views`` (numpy arrays or tensors)
     become padding: ``collector/mask`` False, ``traj_ids`` -1, everything else 0."""
     for key, view in views.items():
-        if key == ("collector", "mask"):
+        if key == fmt.MASK_KEY:
             view[:start] = True
             view[start:] = False
-        elif key == ("collector", "traj_ids"):
+        elif key == fmt.TRAJ_KEY:
             view[start:] = -1
         else:
             view[start:] = 0

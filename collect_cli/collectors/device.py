@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from collect_cli import dataformat as fmt
 from collect_cli.collectors.base import batch_views, env_errors, pad_steps
 from collect_cli.errors import CollectionError
 
@@ -72,7 +73,7 @@ class DevicePathMixin:
         obs_views, next_views, policy_views = bv.obs, bv.next_obs, bv.policy
         act_idx, extra_views, reward, traj_view = bv.act_idx, bv.extras, bv.reward, bv.traj
         n_done, n_term, n_trunc = bv.done, bv.terminated, bv.truncated
-        v[("collector", "mask")].fill_(True)  # this buffer may hold an earlier padded batch
+        v[fmt.MASK_KEY].fill_(True)  # this buffer may hold an earlier padded batch
         stride = self._stride
         traj = torch.from_numpy(self._traj_ids).to(dev)
         next_id = torch.tensor(self._next_id, dtype=torch.int64, device=dev)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from collect_cli import dataformat as fmt
 from collect_cli import errors, specs
 from collect_cli.collectors.base import CollectorBase, derive_seeds
 from collect_cli.collectors.worker import WorkerSpec, worker_main
@@ -397,7 +398,7 @@ class MultiSyncCollector(_MultiCollector):
                     self._stop_event.set()
             self._stop_event.clear()
             batch = torch.cat([self._hand_over(index) for index in range(self.num_workers)], 0)
-            frames += int(batch.get(("collector", "mask")).sum())
+            frames += int(batch.get(fmt.MASK_KEY).sum())
             ask_ahead()  # the next batches are collected while this one is used
             yield 0, self._out(batch)
 
@@ -428,7 +429,7 @@ class MultiAsyncCollector(_MultiCollector):
             ask_ahead()
             index = self._next_batch(everyone)
             batch = self._hand_over(index).clone()
-            frames += int(batch.get(("collector", "mask")).sum())
+            frames += int(batch.get(fmt.MASK_KEY).sum())
             ask_ahead()
             yield self.lane_starts[index], self._out(batch)
 

@@ -22,12 +22,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import DONE_KEY, MASK_KEY, REWARD_KEY, TRAJ_KEY
 from collect_cli.errors import CollectionError
-
-TRAJ_KEY = ("collector", "traj_ids")
-MASK_KEY = ("collector", "mask")
-DONE_KEY = ("next", "done")
-REWARD_KEY = ("next", "reward")
 
 
 def _require(batch: TensorDictBase, key: tuple[str, ...]) -> torch.Tensor:
@@ -174,18 +171,18 @@ class MultiStep:
         # flat index of frame t + m - 1 in [lanes * steps]; index_select beats x[lane, src]
         src = torch.arange(count, device=dev).unsqueeze(0) + steps_m - 1
         src = (src + steps * torch.arange(lanes, device=dev).unsqueeze(1)).reshape(-1)
-        nxt = data.get("next").apply(
+        nxt = data.get(fmt.NEXT).apply(
             lambda x: (
                 x.reshape(-1, *x.shape[2:]).index_select(0, src).view(lanes, count, *x.shape[2:])
             ),
             batch_size=[lanes, count],
         )
         nxt.set("reward", acc.to(reward.dtype))
-        nxt.set("original_reward", reward[:, :count])
-        out = data.exclude("next")[:, :count]
-        out.set("next", nxt)
+        nxt.set(fmt.ORIGINAL_REWARD_KEY[1:], reward[:, :count])
+        out = data.exclude(fmt.NEXT)[:, :count]
+        out.set(fmt.NEXT, nxt)
         out.set(
-            "steps_to_next_obs", steps_m.reshape(expand).expand(reward[:, :count].shape).clone()
+            fmt.STEPS_TO_NEXT_KEY, steps_m.reshape(expand).expand(reward[:, :count].shape).clone()
         )
         return out
 
@@ -320,7 +317,7 @@ class TrajectorySplitter:
         mask = _mask(batch, dev).cpu().numpy()
         traj = traj_t.reshape(nlanes, steps).cpu().numpy()
         done = _flag(batch, DONE_KEY)
-        steps_to = batch.get("steps_to_next_obs", None)
+        steps_to = batch.get(fmt.STEPS_TO_NEXT_KEY, None)
         if steps_to is not None:  # after MultiStep, next/done looks ahead: the own step's
             done = done & (steps_to.reshape(nlanes, steps, -1)[..., 0] == 1)
         done = done.cpu().numpy()

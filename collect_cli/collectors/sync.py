@@ -31,6 +31,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from collect_cli import dataformat as fmt
 from collect_cli.collectors.base import (
     FLAG_KEYS,
     CollectorBase,
@@ -217,27 +218,27 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         for key, leaf in zip(self._obs_keys, self.env.obs_leaves, strict=True):
             dtype = torch_dtype(leaf.dtype)
             buf[key] = torch.zeros(steps, n, *leaf.shape, dtype=dtype)
-            buf[("next", *key)] = torch.zeros(steps, n, *leaf.shape, dtype=dtype)
+            buf[(fmt.NEXT, *key)] = torch.zeros(steps, n, *leaf.shape, dtype=dtype)
         obs_set = set(self._obs_keys)
         for key in out.keys(True, True):
             key = key if isinstance(key, tuple) else (key,)
-            if key in obs_set or key[0] in ("next", "collector"):
+            if key in obs_set or key[0] in (fmt.NEXT, fmt.COLLECTOR):
                 continue
             value = out.get(key)
             dtype = torch_dtype(self._leaf_dtype(key)) if key in self._act_keys else value.dtype
             buf[key] = torch.zeros(steps, n, *value.shape[1:], dtype=dtype)
-        self._policy_keys = [k for k in buf if k[0] != "next" and k not in obs_set]
+        self._policy_keys = [k for k in buf if k[0] != fmt.NEXT and k not in obs_set]
         for flag in FLAG_KEYS:
             buf[(flag,)] = torch.zeros(steps, n, 1, dtype=torch.bool)
-            buf[("next", flag)] = torch.zeros(steps, n, 1, dtype=torch.bool)
-        buf[("next", "reward")] = torch.zeros(steps, n, 1, dtype=torch.float32)
+            buf[(fmt.NEXT, flag)] = torch.zeros(steps, n, 1, dtype=torch.bool)
+        buf[fmt.REWARD_KEY] = torch.zeros(steps, n, 1, dtype=torch.float32)
         if self.max_frames_per_traj > 0:
             buf[("step_count",)] = torch.zeros(steps, n, 1, dtype=torch.int64)
-            buf[("next", "step_count")] = torch.zeros(steps, n, 1, dtype=torch.int64)
+            buf[(fmt.NEXT, fmt.STEP_COUNT)] = torch.zeros(steps, n, 1, dtype=torch.int64)
         for key, shape in zip(self._info_keys, self.env.info_shapes, strict=True):
             buf[key] = torch.zeros(steps, n, *shape, dtype=torch.float64)
-        buf[("collector", "traj_ids")] = torch.zeros(steps, n, dtype=torch.int64)
-        buf[("collector", "mask")] = torch.ones(steps, n, dtype=torch.bool)
+        buf[fmt.TRAJ_KEY] = torch.zeros(steps, n, dtype=torch.int64)
+        buf[fmt.MASK_KEY] = torch.ones(steps, n, dtype=torch.bool)
         return TensorDict(buf, batch_size=[steps, n])  # time-major: see __init__
 
     def _leaf_dtype(self, key: tuple[str, ...]) -> np.dtype:
@@ -275,7 +276,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
 
     def _fill(self, stop: Callable[[], bool] | None) -> TensorDict:
         v = self._views
-        mask = v[("collector", "mask")]
+        mask = v[fmt.MASK_KEY]
         bv = batch_views(v, self._obs_keys, self._policy_keys, self._act_keys)
         obs_views, next_views, policy_views = bv.obs, bv.next_obs, bv.policy
         act_idx, extra_views, reward, traj = bv.act_idx, bv.extras, bv.reward, bv.traj
@@ -283,7 +284,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         info_views = [v[k] for k in self._info_keys]
         limit = self.max_frames_per_traj
         if limit > 0:
-            count, next_count = v[("step_count",)], v[("next", "step_count")]
+            count, next_count = v[(fmt.STEP_COUNT,)], v[(fmt.NEXT, fmt.STEP_COUNT)]
         for t in range(self.steps_per_batch):
             for dst, src in zip(obs_views, self._obs, strict=True):
                 dst[t] = src

@@ -26,6 +26,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from collect_cli import dataformat as fmt
 from collect_cli.envs import EnvFactory
 
 PARENT_POLL_S = 1.0
@@ -80,7 +81,7 @@ def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
             command, arg = conn.recv()
             if command == "collect":
                 batch = collector.rollout(stop=stop_event.is_set if stop_event else None)
-                conn.send(("batch", int(batch.get(("collector", "mask")).sum())))
+                conn.send(("batch", int(batch.get(fmt.MASK_KEY).sum())))
             elif command == "close":
                 return
             else:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import ctypes
+import errno
 import glob
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,11 +23,10 @@ from typing import Any
 import numpy as np
 from tensordict import TensorDictBase
 
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import FORMAT_VERSION, MASK_KEY, Rows
 from collect_cli.errors import OutputError, WriteError
-from collect_cli.writers.episodes import EpisodeTracker, Rows
-
-FORMAT_VERSION = 1
-STATUSES = ("running", "complete", "interrupted")
+from collect_cli.writers.episodes import EpisodeTracker
 
 
 def now() -> str:
@@ -37,12 +39,21 @@ def check_output(path: Path, overwrite: bool) -> None:
         raise OutputError(
             f"output {str(path)!r} already exists: pass overwrite=true or another out="
         )
-    parent = path.parent
-    existing = parent
+    existing = path.parent
     while not existing.exists():
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot write output {str(path)!r}: {str(existing)!r} is not writable")
+    why = "not a directory"
+    if existing.is_dir():
+        try:  # a real file, not os.access: root passes that check on /proc and read-only mounts
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe-", dir=existing)
+            os.close(fd)
+            os.unlink(probe)
+            return
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+    raise OutputError(
+        f"cannot write output {str(path)!r}: {str(existing)!r} is not writable ({why})"
+    )
 
 
 def remove_output(path: Path) -> None:
@@ -50,6 +61,55 @@ def remove_output(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Atomically swap two directories (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Where the kernel or filesystem lacks it, falls back to two renames (a crash
+    between them leaves the dataset under ``<path>.resize``).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(b))
+    parked = b.with_name(b.name + ".old")
+    os.rename(b, parked)
+    os.rename(a, b)
+    os.rename(parked, a)
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush a file, or every file under a directory, to the device."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def publish(tmp: Path, dest: Path) -> None:
+    """Make what was built at ``tmp`` (beside ``dest``) durable, then move it to
+    ``dest`` in one step, replacing what is there: readers see the old or the new
+    whole, never a part (a directory is swapped atomically where the kernel can)."""
+    fsync_tree(tmp)
+    if not (dest.exists() or dest.is_symlink()):
+        os.rename(tmp, dest)
+    elif tmp.is_dir() and dest.is_dir() and not dest.is_symlink():
+        exchange(tmp, dest)  # tmp now holds the old one
+        remove_output(tmp)
+    elif tmp.is_file() and dest.is_file():
+        os.replace(tmp, dest)
+    else:
+        remove_output(dest)
+        os.rename(tmp, dest)
 
 
 def staging_leftovers(path: Path) -> list[tuple[Path, int]]:
@@ -99,9 +159,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's process
     return True
-
-
-MASK_KEY = ("collector", "mask")
 
 
 def leaf_items(batch: TensorDictBase) -> list[tuple[tuple[str, ...], np.ndarray]]:
@@ -160,7 +217,7 @@ class Writer(abc.ABC):
             self.meta.update(
                 format_version=FORMAT_VERSION,
                 backend=self.backend,
-                status="running",
+                status=fmt.RUNNING,
                 start_time=now(),
                 end_time=None,
                 resumed=[],
@@ -192,22 +249,25 @@ class Writer(abc.ABC):
         """
         try:
             disk = self._reopen()
-            self.meta = {**disk, "status": "running", "end_time": None}
+            self.meta = {**disk, "status": fmt.RUNNING, "end_time": None}
             self.meta["resumed"] = [*disk.get("resumed", []), now()]
             self.lanes = int(disk["lanes"])
             self.frames, self.episodes = int(disk["frames"]), int(disk["episodes"])
-            self.cursor = np.asarray(disk.get("lane_steps") or [disk["steps"]] * self.lanes)
+            self.cursor = fmt.lane_steps(disk)
             self.steps = int(self.cursor.max()) if len(self.cursor) else 0
             self.tracker = self._tracker(self.lanes)
             self.tracker.start[:] = self.cursor
             self._drop_uncommitted()
-            known = self._read("episodes/traj_id")[: self.episodes]
+            known = self._read(fmt.column("traj_id"))[: self.episodes]
             self.next_traj_id = int(known.max()) + 1 if len(known) else 0
             if self._created:
-                traj = self._read("collector/traj_ids")
+                traj = self._read(fmt.TRAJ)
                 self.next_traj_id = max(self.next_traj_id, int(traj.max()) + 1)
-                if disk["status"] == "running":  # killed: its running episodes have no row
-                    rows = self._tail_rows(set(known.tolist()))
+                if disk["status"] == fmt.RUNNING:  # killed: its running episodes have no row
+                    mask = self._read(fmt.MASK)
+                    reward, _ = fmt.own_step(self._get, traj.shape)
+                    rows = fmt.tail_rows(traj, mask, reward, self.cursor, set(known.tolist()))
+                    self._flag_cuts(*fmt.cut_points(rows, mask, self.cursor))
                     self._write_episodes(rows, self.episodes)
                     self.episodes += len(rows["traj_id"])
             self.commit()
@@ -223,33 +283,37 @@ class Writer(abc.ABC):
             by_lane=bool(self.meta.get("split_trajs", False)),
         )
 
-    def _tail_rows(self, known: set[int]) -> Rows:
-        """Rows for each lane's last trajectory when it has none (cut by a crash)."""
-        traj, mask = self._read("collector/traj_ids"), self._read("collector/mask")
-        reward_key = "next/original_reward" if self._has("next/original_reward") else "next/reward"
-        reward = self._read(reward_key).reshape(traj.shape)
-        rows = []
-        for lane in range(self.lanes):
-            valid = np.flatnonzero(mask[lane, : self.cursor[lane]])
-            if not len(valid) or int(traj[lane, valid[-1]]) in known:
-                continue
-            last = traj[lane, valid[-1]]
-            frames = valid[traj[lane, valid] == last]
-            rows.append(
-                (last, lane, frames[0], len(frames), reward[lane, frames].sum(dtype=np.float64))
-            )
-        columns = list(zip(*rows, strict=True)) if rows else [[]] * 5
-        n = len(rows)
-        return {
-            "traj_id": np.asarray(columns[0], np.int64),
-            "lane": np.asarray(columns[1], np.int64),
-            "start": np.asarray(columns[2], np.int64),
-            "length": np.asarray(columns[3], np.int64),
-            "return": np.asarray(columns[4], np.float64),
-            "terminated": np.zeros(n, bool),
-            "truncated": np.zeros(n, bool),
-            "complete": np.zeros(n, bool),
-        }
+    def _get(self, key: fmt.Key) -> np.ndarray | None:
+        """One stored frame array, or None where the dataset has no ``key``."""
+        return self._read(fmt.path(key)) if self._has(fmt.path(key)) else None
+
+    def _flag_cuts(self, lanes: np.ndarray, times: np.ndarray) -> None:
+        """Mark the frames where the dataset cuts a trajectory (the end of the run, a
+        reset between batches, a resume point): ``next/truncated`` and ``next/done``
+        True at its last frame, as TorchRL's ``set_truncated`` does, so that splitting
+        a lane on ``next/done`` gives its trajectories. After ``postproc=multistep``
+        the frames whose n-step window ends there carry the same ``next/*`` flags."""
+        if not len(lanes) or not self._created:
+            return
+        lanes, times = np.asarray(lanes, np.int64), np.asarray(times, np.int64)
+        ahead = fmt.lookahead(self.meta)
+        if ahead > 1:
+            found_l, found_t = [lanes], [times]
+            for lane, t in zip(lanes.tolist(), times.tolist(), strict=True):
+                lo = max(0, t - ahead + 1)
+                window = {
+                    key: self._window(key, lane, lo, t + 1)
+                    for key in (fmt.TRAJ_KEY, fmt.MASK_KEY, fmt.STEPS_TO_NEXT_KEY)
+                }
+                span = np.arange(lo, t + 1)
+                steps_to = window[fmt.STEPS_TO_NEXT_KEY].reshape(len(span), -1)[:, 0]
+                same = window[fmt.MASK_KEY] & (window[fmt.TRAJ_KEY] == window[fmt.TRAJ_KEY][-1])
+                reach = same & (span + steps_to - 1 == t) & (span < t)
+                found_l.append(np.full(int(reach.sum()), lane, np.int64))
+                found_t.append(span[reach])
+            lanes, times = np.concatenate(found_l), np.concatenate(found_t)
+        for key in (fmt.TRUNCATED_KEY, fmt.DONE_KEY):
+            self._set_points(key, lanes, times)
 
     def append(self, batch: TensorDictBase, lane_start: int = 0) -> Rows:
         """Append a ``[lanes, time]`` batch to lanes ``lane_start...`` after their last frame.
@@ -278,12 +342,13 @@ class Writer(abc.ABC):
             t0 = int(self.cursor[group].max())
             self._write_frames(items, group, t0, steps)
             rows = self.tracker.update(batch, t0, lane_start)
+            self._flag_cuts(*self.tracker.cuts)
             self._write_episodes(rows, self.episodes)
         except OSError as exc:
             raise self._os_error(exc) from exc
         self.cursor[group] = t0 + steps
         self.steps = int(self.cursor.max())
-        self.frames += int(batch.get(("collector", "mask")).sum())
+        self.frames += int(batch.get(MASK_KEY).sum())
         self.episodes += len(rows["traj_id"])
         return rows
 
@@ -297,7 +362,7 @@ class Writer(abc.ABC):
             frames=self.frames,
             steps=self.steps,
             episodes=self.episodes,
-            lane_steps=self.cursor.tolist(),
+            **{fmt.LANE_STEPS: self.cursor.tolist()},
         )
         try:
             self._commit()
@@ -317,6 +382,7 @@ class Writer(abc.ABC):
         try:
             if self.tracker is not None:
                 rows = self.tracker.finish()
+                self._flag_cuts(*self.tracker.cuts)
                 self._write_episodes(rows, self.episodes)
                 self.episodes += len(rows["traj_id"])
             # the data and counters first, like any commit; then the status alone, so
@@ -355,6 +421,14 @@ class Writer(abc.ABC):
     @abc.abstractmethod
     def _has(self, key: str) -> bool:
         """Whether frame storage for ``key`` (joined by ``/``) exists."""
+
+    @abc.abstractmethod
+    def _window(self, key: fmt.Key, lane: int, t0: int, t1: int) -> np.ndarray:
+        """Frames ``t0:t1`` of one lane of ``key``, as stored."""
+
+    @abc.abstractmethod
+    def _set_points(self, key: fmt.Key, lanes: np.ndarray, times: np.ndarray) -> None:
+        """Set the bool frame entry ``key`` True at each ``(lane, time)`` (written frames)."""
 
     @abc.abstractmethod
     def _grow_lanes(self, lanes: int) -> None:

@@ -10,50 +10,25 @@ from __future__ import annotations
 import numpy as np
 from tensordict import TensorDictBase
 
-COLUMNS: dict[str, np.dtype] = {
-    "traj_id": np.dtype(np.int64),
-    "lane": np.dtype(np.int64),
-    "start": np.dtype(np.int64),
-    "length": np.dtype(np.int64),
-    "return": np.dtype(np.float64),
-    "terminated": np.dtype(bool),
-    "truncated": np.dtype(bool),
-    "complete": np.dtype(bool),
-}
-
-Rows = dict[str, np.ndarray]
-
-
-def empty_rows() -> Rows:
-    return {name: np.zeros(0, dtype) for name, dtype in COLUMNS.items()}
-
-
-def concat_rows(parts: list[Rows]) -> Rows:
-    if not parts:
-        return empty_rows()
-    return {name: np.concatenate([p[name] for p in parts]) for name in COLUMNS}
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import COLUMNS, Rows, concat_rows
 
 
 def frame_flags(batch: TensorDictBase, mask: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``(reward, done, terminated, truncated)`` of each frame's own step, ``[lanes, time]``.
-
-    After an n-step post-processing, ``next/*`` look up to n steps ahead: the
-    frame's own reward is ``next/original_reward`` and its own step ended the
-    episode only where ``next/done`` holds with ``steps_to_next_obs == 1``.
-    """
+    """``(reward, done, terminated, truncated)`` of each frame's own step, ``[lanes, time]``
+    (:func:`~collect_cli.dataformat.own_step`); ``done`` is False on padding."""
     shape = mask.shape
-    reward = batch.get(("next", "original_reward"), None)
-    if reward is None:
-        reward = batch.get(("next", "reward"))
-    done = batch.get(("next", "done")).numpy().reshape(shape)
-    steps_to = batch.get("steps_to_next_obs", None)
-    if steps_to is not None:
-        done = done & (steps_to.numpy().reshape(shape) == 1)
+
+    def get(key: fmt.Key) -> np.ndarray | None:
+        value = batch.get(key, None)
+        return None if value is None else value.numpy()
+
+    reward, done = fmt.own_step(get, shape)
     return (
-        reward.numpy().reshape(shape).astype(np.float64),
+        reward,
         done & mask,
-        batch.get(("next", "terminated")).numpy().reshape(shape),
-        batch.get(("next", "truncated")).numpy().reshape(shape),
+        get(fmt.TERMINATED_KEY).reshape(shape),
+        get(fmt.TRUNCATED_KEY).reshape(shape),
     )
 
 
@@ -61,7 +36,9 @@ class EpisodeTracker:
     """Carries the running episode of every lane across batches.
 
     An episode ends at a done frame (``split_on_done``) or where the lane's
-    traj_id changes without one (a reset cut it: ``complete`` False).
+    traj_id changes without one (a reset cut it: ``complete`` False). After each
+    :meth:`update` and :meth:`finish`, :attr:`cuts` holds ``(lanes, times)`` of
+    the last frame of every row they returned with ``complete`` False.
     """
 
     def __init__(self, lanes: int, split_on_done: bool = True, by_lane: bool = False):
@@ -72,6 +49,8 @@ class EpisodeTracker:
         self.length = np.zeros(lanes, np.int64)
         self.ret = np.zeros(lanes, np.float64)
         self.traj = np.full(lanes, -1, np.int64)
+        self.last_t = np.full(lanes, -1, np.int64)  # each lane's last valid frame
+        self.cuts: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 2
 
     def grow(self, lanes: int) -> None:
         extra = lanes - self.lanes
@@ -79,12 +58,13 @@ class EpisodeTracker:
         self.length = np.concatenate([self.length, np.zeros(extra, np.int64)])
         self.ret = np.concatenate([self.ret, np.zeros(extra, np.float64)])
         self.traj = np.concatenate([self.traj, np.full(extra, -1, np.int64)])
+        self.last_t = np.concatenate([self.last_t, np.full(extra, -1, np.int64)])
         self.lanes = lanes
 
     def update(self, batch: TensorDictBase, t0: int, lane_start: int = 0) -> Rows:
         """Consume one batch of lanes ``lane_start...`` written at time offset ``t0``."""
-        mask = batch.get(("collector", "mask")).numpy()
-        traj = batch.get(("collector", "traj_ids")).numpy()
+        mask = batch.get(fmt.MASK_KEY).numpy()
+        traj = batch.get(fmt.TRAJ_KEY).numpy()
         reward, done, term, trunc = frame_flags(batch, mask)
         if not self.split_on_done:
             done = np.zeros_like(done)
@@ -114,6 +94,7 @@ class EpisodeTracker:
             has_valid & (carry_traj >= 0) & (carry_len > 0) & (first_id != carry_traj)
         )
         cut_rows = self._rows(cross, lane_start, carry_start, carry_len, carry_ret, carry_traj)
+        cut_at = self.last_t[group][cross]
         carry_len[cross], carry_ret[cross] = 0, 0.0
         carry_start[cross] = t0 + first_valid[cross]
 
@@ -141,6 +122,11 @@ class EpisodeTracker:
         }
         order = np.argsort(lanes, kind="stable") if self.by_lane else np.lexsort((lanes, ts))
         rows = {k: np.ascontiguousarray(v[order], COLUMNS[k]) for k, v in rows.items()}
+        inner = ~complete
+        self.cuts = (
+            np.concatenate([cross + lane_start, lanes[inner] + lane_start]).astype(np.int64),
+            np.concatenate([cut_at, t0 + ts[inner]]).astype(np.int64),
+        )
 
         # carry the tails into the next batch
         last = np.ones(len(lanes), bool)
@@ -157,6 +143,7 @@ class EpisodeTracker:
         carry_start[ended] = t0 + end_t + 1
         last_valid = steps - 1 - np.argmax(mask[:, ::-1], axis=1)
         carry_traj[:] = np.where(has_valid, traj[np.arange(nlanes), last_valid], carry_traj)
+        self.last_t[group] = np.where(has_valid, t0 + last_valid, self.last_t[group])
         carry_traj[ended[end_t == last_valid[ended]]] = -1
         return concat_rows([cut_rows, rows])
 
@@ -176,4 +163,5 @@ class EpisodeTracker:
     def finish(self) -> Rows:
         """Rows for the episodes cut by the end of the run (``complete=False``)."""
         open_lanes = np.flatnonzero((self.length > 0) & (self.traj >= 0))
+        self.cuts = (open_lanes.astype(np.int64), self.last_t[open_lanes])
         return self._rows(open_lanes, 0, self.start, self.length, self.ret, self.traj)

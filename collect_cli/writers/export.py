@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +31,11 @@ import h5py
 import numpy as np
 
 from collect_cli import __version__, provenance, specs
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import COLUMNS
 from collect_cli.errors import DatasetError, OutputError, UsageError, WriteError
 from collect_cli.writers import Dataset, open_dataset
-from collect_cli.writers.base import check_output
-from collect_cli.writers.episodes import COLUMNS
-from collect_cli.writers.hdf5 import lane_reading_cache
+from collect_cli.writers.base import check_output, publish, remove_output
 
 log = logging.getLogger("rlcollect")
 
@@ -45,7 +44,10 @@ COMPRESSIONS = ("none", "gzip", "lzf")
 MINARI_INSTALL = "pip install 'rlcollect[export]'"
 BLOCK_BYTES = 64 << 20  # frames read per block, over all keys
 CHUNK_BYTES = 512 << 10  # D4RL output chunks
-SKIPPED = {"done", "terminated", "truncated", "next/done", "next/truncated", "collector/mask"}
+# flags D4RL/Minari carry as terminals/timeouts (from the plan), and the mask
+SKIPPED = {*fmt.FLAGS, *(fmt.path((fmt.NEXT, flag)) for flag in fmt.FLAGS), fmt.MASK}
+TRAJ, REWARD = fmt.TRAJ, fmt.path(fmt.REWARD_KEY)
+TERMINATED, TRUNCATED = fmt.path(fmt.TERMINATED_KEY), fmt.path(fmt.TRUNCATED_KEY)
 INCOMPLETE_END = {"d4rl": "timeout", "minari": "truncation"}
 NAME_RE = re.compile(r"[-_\w]+-v\d+")
 NAMESPACE_RE = re.compile(r"[-_\w]+")
@@ -120,14 +122,13 @@ def export(
         else:
             _write_minari(src, plan, tmp, dataset_id)
             extra = {"dataset_id": dataset_id, "minari_datasets_path": str(root)}
-        _fsync(tmp)
-        _place(tmp, out)
+        publish(tmp, out)
     except OSError as exc:
         raise WriteError(f"exporting to {str(out)!r} failed: {exc.strerror or exc}") from exc
     finally:
         src.close()
         with contextlib.suppress(OSError):
-            _remove(tmp)
+            remove_output(tmp)
     return ExportResult(
         path=str(out),
         format=fmt,
@@ -198,22 +199,15 @@ class Source:
         self.ds = ds
         self.meta = meta
         self.lanes, self.steps = int(meta.get("lanes") or 0), int(meta.get("steps") or 0)
-        self.lane_steps = np.asarray(meta.get("lane_steps") or [self.steps] * self.lanes)
-        self.keys = [k for k, _, _ in ds.describe() if not k.startswith("episodes/")]
-        if "collector/mask" not in self.keys or not meta.get("frames"):
+        self.lane_steps = fmt.lane_steps(meta) if self.lanes else np.zeros(0, np.int64)
+        self.keys = [k for k, _, _ in ds.describe() if not fmt.is_episodes(k)]
+        if fmt.MASK not in self.keys or not meta.get("frames"):
             raise DatasetError(f"{str(ds.path)!r} holds no committed frames: nothing to export")
-        self._file: h5py.File | None = None
-        if ds.backend == "hdf5":
-            cache = lane_reading_cache(ds.path, self.steps)  # reads go lane by lane
-            self._file = h5py.File(ds.path, "r", locking=False, **cache)
-            self._arrays: Any = self._file
-        else:
-            self._arrays = ds.load()
+        self._reading = contextlib.ExitStack()
+        self._read = self._reading.enter_context(ds.reader(by_lane=True))
 
     def read(self, key: str, lanes: Any, start: int, stop: int) -> np.ndarray:
-        if self._file is not None:
-            return self._arrays[key][lanes, start:stop]
-        return self._arrays.get(tuple(key.split("/")))[lanes, start:stop].numpy()
+        return np.asarray(self._read(key)[lanes, start:stop])
 
     def whole(self, key: str) -> np.ndarray:
         """``[lanes, steps]`` of a per-frame scalar key (trailing ``1`` dropped)."""
@@ -221,12 +215,10 @@ class Source:
 
     def episode_rows(self) -> dict[str, np.ndarray]:
         count = int(self.meta.get("episodes", 0))
-        return {name: self.ds.array(f"episodes/{name}")[:count] for name in COLUMNS}
+        return {name: self.ds.array(fmt.column(name))[:count] for name in COLUMNS}
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._reading.close()
 
 
 @dataclass
@@ -245,9 +237,9 @@ class Plan:
 
     @classmethod
     def build(cls, src: Source, drop_incomplete: bool) -> Plan:
-        traj = src.whole("collector/traj_ids")
+        traj = src.whole(TRAJ)
         committed = np.arange(src.steps)[None, :] < src.lane_steps[:, None]
-        valid = src.whole("collector/mask") & committed
+        valid = src.whole(fmt.MASK) & committed
         rows = src.episode_rows()
         complete_ids = rows["traj_id"][rows["complete"]]
         ended = valid & np.isin(traj, complete_ids)
@@ -260,10 +252,10 @@ class Plan:
         first[1:] = ids[1:] != ids[:-1]
         starts = np.flatnonzero(first)
         lengths = np.diff(np.append(starts, len(ids)))
-        timeouts = src.whole("next/truncated")[keep]
+        timeouts = src.whole(TRUNCATED)[keep]
         complete = np.isin(ids[starts], complete_ids)
         timeouts[(starts + lengths - 1)[~complete]] = True
-        terminals = src.whole("next/terminated")[keep]
+        terminals = src.whole(TERMINATED)[keep]
         return cls(
             keep, ids, starts, lengths, complete, terminals, timeouts, incomplete, drop_incomplete
         )
@@ -286,24 +278,24 @@ def _blocks(src: Source, keys: list[str], keep: np.ndarray) -> Iterator[dict[str
 
 def d4rl_name(key: str) -> str | None:
     """Where a dataset key goes in the D4RL layout (None: not exported)."""
-    if key in SKIPPED or key == "next/terminated":
+    if key in SKIPPED:
         return None
     head, _, rest = key.partition("/")
     tail = "/" + rest if rest else ""
-    if head == "observation":
+    if head == fmt.OBSERVATION:
         return "observations" + tail
-    if head == "action":
+    if head == fmt.ACTION:
         return "actions" + tail
-    if head == "next":
+    if head == fmt.NEXT:
         sub, _, deeper = rest.partition("/")
-        if sub == "observation":
+        if sub == fmt.OBSERVATION:
             return "next_observations" + ("/" + deeper if deeper else "")
-        if rest == "reward":
+        if key == REWARD:
             return "rewards"
         return "infos/next/" + rest.removeprefix("info/")
-    if key == "collector/traj_ids":
+    if key == TRAJ:
         return "infos/traj_id"
-    if head == "collector":
+    if head == fmt.COLLECTOR:
         return None
     return "infos/" + key.removeprefix("info/")
 
@@ -413,10 +405,10 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
     meta = src.meta
     obs_space = specs.rebuild(meta["observation_space"])
     act_space = specs.rebuild(meta["action_space"])
-    obs_keys = ["/".join(("observation", *leaf.key)) for leaf in specs.leaves(obs_space)]
-    next_keys = ["next/" + key for key in obs_keys]
-    act_keys = ["/".join(("action", *leaf.key)) for leaf in specs.leaves(act_space)]
-    core = {*obs_keys, *next_keys, *act_keys, "next/reward", "collector/traj_ids"}
+    obs_keys = [fmt.path((fmt.OBSERVATION, *leaf.key)) for leaf in specs.leaves(obs_space)]
+    next_keys = [fmt.path((fmt.NEXT, key)) for key in obs_keys]
+    act_keys = [fmt.path((fmt.ACTION, *leaf.key)) for leaf in specs.leaves(act_space)]
+    core = {*obs_keys, *next_keys, *act_keys, REWARD, TRAJ}
     extras = {
         k: name.removeprefix("infos/")
         for k in src.keys
@@ -431,7 +423,7 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
         data_format="hdf5",
         jpeg_encoding=False,  # lossless, like the source
     )
-    keys = [*obs_keys, *next_keys, *act_keys, "next/reward", *extras]
+    keys = [*obs_keys, *next_keys, *act_keys, REWARD, *extras]
     buffers, size = [], 0
     episodes = _episodes(_blocks(src, keys, plan.keep), plan.lengths)
     for start, length, frames in zip(plan.starts, plan.lengths, episodes, strict=True):
@@ -442,7 +434,7 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
             EpisodeBuffer(
                 observations=specs.join(observations, obs_space),
                 actions=specs.join([frames[k] for k in act_keys], act_space),
-                rewards=frames["next/reward"].reshape(length),
+                rewards=frames[REWARD].reshape(length),
                 terminations=plan.terminals[start:end],
                 truncations=plan.timeouts[start:end],
                 infos={name: frames[k] for k, name in extras.items()} or None,
@@ -482,34 +474,3 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
             **provenance.minari_metadata(meta),
         }
     )
-
-
-def _fsync(path: Path) -> None:
-    """Flush an export (file or directory tree) to the device before it is renamed."""
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    for file in files:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _place(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``, replacing what is there (checked by the caller)."""
-    if not (out.exists() or out.is_symlink()):
-        os.rename(tmp, out)
-    elif tmp.is_dir():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()

@@ -7,28 +7,31 @@ Frame keys are datasets shaped ``[lanes, time, ...]`` growing along ``time``;
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
 import os
 import struct
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from collect_cli.errors import ConfigError, WriteError
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import COLUMNS, Rows
+from collect_cli.errors import ConfigError, OutputError, WriteError
 from collect_cli.writers.base import Writer
-from collect_cli.writers.episodes import COLUMNS, Rows
 
 JSON_ATTRS = (
     "observation_space",
     "action_space",
     "versions",
     "shards",
-    "lane_steps",
+    fmt.LANE_STEPS,
     "resumed",
     "sweep",
     "merged",
@@ -36,7 +39,7 @@ JSON_ATTRS = (
 NULLABLE_TEXT = ("end_time",)  # None is stored as "" (and read back as None)
 TEXT = h5py.string_dtype()  # how h5py stores a str: variable-length UTF-8
 TEXT_INFO = h5py.check_string_dtype(TEXT)
-FILL = {("collector", "traj_ids"): -1}  # frames not written yet are padding
+FILL = {fmt.TRAJ_KEY: -1}  # frames not written yet are padding
 RESERVE_MARGIN = 1 << 20  # room for HDF5 metadata and for closing after a failed reservation
 CHUNK_MIN, CHUNK_TARGET, CHUNK_MAX = 256 << 10, 512 << 10, 1 << 20  # bytes per chunk
 CACHE_MAX = 64 << 20  # chunk cache per dataset, at most
@@ -226,7 +229,7 @@ class RootAttrs:
             if key in self._written and _same(self._written[key], value):
                 continue
             stored = value
-            if key == "lane_steps" and value:
+            if key == fmt.LANE_STEPS and value:
                 stored = np.asarray(value, np.int64)
             elif isinstance(value, (dict, list)):
                 stored = json.dumps(value)
@@ -310,7 +313,7 @@ COUNTERS = ("frames", "steps", "episodes")
 # Counters one entry per lane: with split_trajs the lanes (rows) grow at every
 # commit. Stored with room to grow (padded with PAD, the length doubling when
 # full), so that a commit overwrites them in place instead of replacing them.
-GROWING = ("lane_steps", *COMMIT_SLOTS)
+GROWING = (fmt.LANE_STEPS, *COMMIT_SLOTS)
 PAD = -1
 # Those counters are root attributes, and HDF5 keeps an attribute's message in
 # the object header, under 64 KiB: room for this many lanes (rows), no more.
@@ -329,7 +332,7 @@ def lanes_limit(lanes: int, what: str) -> str | None:
 
 
 def commit_record(seq: int, meta: dict[str, Any]) -> np.ndarray:
-    lanes = np.asarray(meta.get("lane_steps") or [], np.int64)
+    lanes = np.asarray(meta.get(fmt.LANE_STEPS) or [], np.int64)
     head = [seq, *(int(meta[key]) for key in COUNTERS), len(lanes)]
     body = np.concatenate([np.asarray(head, np.int64), lanes])
     return np.append(body, np.int64(zlib.crc32(body.tobytes())))
@@ -354,7 +357,7 @@ def read_commit(attrs: h5py.AttributeManager) -> dict[str, Any] | None:
     if best is None:
         return None
     counters = dict(zip(COUNTERS, (int(n) for n in best[1:4]), strict=True))
-    return {"seq": int(best[0]), **counters, "lane_steps": best[5:-1].tolist()}
+    return {"seq": int(best[0]), **counters, fmt.LANE_STEPS: best[5:-1].tolist()}
 
 
 def file_meta(attrs: h5py.AttributeManager) -> tuple[dict[str, Any], int]:
@@ -366,8 +369,8 @@ def file_meta(attrs: h5py.AttributeManager) -> tuple[dict[str, Any], int]:
         return meta, 0
     seq = record.pop("seq")
     meta.update(record)
-    if record["lane_steps"]:  # the lanes too (split_trajs: grown by the commit after)
-        meta["lanes"] = len(record["lane_steps"])
+    if record[fmt.LANE_STEPS]:  # the lanes too (split_trajs: grown by the commit after)
+        meta["lanes"] = len(record[fmt.LANE_STEPS])
     return meta, seq
 
 
@@ -430,7 +433,7 @@ class Hdf5Writer(Writer):
         self._attrs.store(self.meta)
         for name, dtype in COLUMNS.items():
             ds = self._file.create_dataset(
-                f"episodes/{name}", shape=(1,), maxshape=(None,), dtype=dtype, chunks=(4096,)
+                fmt.column(name), shape=(1,), maxshape=(None,), dtype=dtype, chunks=(4096,)
             )
             ds[0] = 0
             self._episodes[name] = Block(ds)
@@ -453,7 +456,7 @@ class Hdf5Writer(Writer):
 
         def collect(name: str, obj: Any) -> None:
             if isinstance(obj, h5py.Dataset):
-                if name.startswith("episodes/"):
+                if fmt.is_episodes(name):
                     self._episodes[name.split("/", 1)[1]] = Block(obj)
                 else:
                     self._frames[tuple(name.split("/"))] = Block(obj)
@@ -471,8 +474,7 @@ class Hdf5Writer(Writer):
         for block in self._frames.values():
             block.resize(self.steps, axis=1)
             block.resize(self.lanes, axis=0)  # rows appended after the last commit
-        mask = self._frames[("collector", "mask")].ds
-        traj = self._frames[("collector", "traj_ids")].ds
+        mask, traj = self._frames[fmt.MASK_KEY].ds, self._frames[fmt.TRAJ_KEY].ds
         for lane in np.flatnonzero(self.cursor < self.steps):
             mask[lane, self.cursor[lane] :] = False
             traj[lane, self.cursor[lane] :] = -1
@@ -482,6 +484,18 @@ class Hdf5Writer(Writer):
 
     def _has(self, key: str) -> bool:
         return tuple(key.split("/")) in self._frames
+
+    def _window(self, key: fmt.Key, lane: int, t0: int, t1: int) -> np.ndarray:
+        return self._frames[key].ds[lane, t0:t1]
+
+    def _set_points(self, key: fmt.Key, lanes: np.ndarray, times: np.ndarray) -> None:
+        ds = self._frames[key].ds
+        chunk = ds.chunks
+        touched = len(np.unique(lanes // chunk[0] * (1 << 32) + times // chunk[1]))
+        self._reserve(touched * int(np.prod(chunk, dtype=np.int64)) * ds.dtype.itemsize)
+        for t in np.unique(times).tolist():  # one write per time step: lanes in a row
+            at = np.unique(lanes[times == t]).tolist()
+            ds[at if len(at) > 1 else at[0], t] = True
 
     def _check_rows(self, lanes: int) -> None:
         """Rows (split_trajs: one an episode) past :data:`MAX_LANES` stop the run
@@ -573,9 +587,15 @@ class Hdf5Writer(Writer):
         self._fd = None
 
 
+WRITER = Hdf5Writer
+
+
 def read_meta(path: Path) -> dict[str, Any]:
-    with h5py.File(path, "r", locking=False) as f:
-        return file_meta(f.attrs)[0]
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            return file_meta(f.attrs)[0]
+    except OSError as exc:
+        raise OutputError(f"{str(path)!r} is not a readable HDF5 dataset ({exc})") from None
 
 
 def describe_keys(path: Path) -> list[tuple[str, tuple[int, ...], str]]:
@@ -594,3 +614,18 @@ def describe_keys(path: Path) -> list[tuple[str, tuple[int, ...], str]]:
 def read_array(path: Path, key: str) -> np.ndarray:
     with h5py.File(path, "r", locking=False) as f:
         return f[key][()]
+
+
+def load(path: Path):
+    from tensordict import PersistentTensorDict
+
+    return PersistentTensorDict.from_h5(str(path))
+
+
+@contextlib.contextmanager
+def reader(path: Path, by_lane: bool = False) -> Iterator[Callable[[str], Any]]:
+    """``read(key)``: the h5py dataset (sliced lazily); ``by_lane`` caches a lane
+    group's chunks for reads that go lane by lane."""
+    cache = lane_reading_cache(path, read_meta(path).get("steps", 0)) if by_lane else {}
+    with h5py.File(path, "r", locking=False, **cache) as f:
+        yield f.__getitem__

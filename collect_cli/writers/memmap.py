@@ -13,20 +13,23 @@ sees metadata ahead of the data; closing also ``msync``/``fsync``s everything.
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import errno
 import json
 import mmap
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from collect_cli.writers.base import Writer
-from collect_cli.writers.episodes import COLUMNS, Rows
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import COLUMNS, Rows
+from collect_cli.errors import OutputError
+from collect_cli.writers.base import Writer, exchange
 
 META_FILE = "rlcollect.json"
 RELEASE_BYTES = 32 << 20  # written bytes between two page releases (see _release_pages)
@@ -51,27 +54,6 @@ def write_json(path: Path, data: dict[str, Any], sync: bool = False) -> None:
             f.flush()
             os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def exchange(a: Path, b: Path) -> None:
-    """Atomically swap two directories (Linux ``renameat2(RENAME_EXCHANGE)``).
-
-    Where the kernel or filesystem lacks it, falls back to two renames (a crash
-    between them leaves the dataset under ``<path>.resize``).
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is not None:
-        at_fdcwd, rename_exchange = -100, 2
-        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-            raise OSError(err, os.strerror(err), str(b))
-    parked = b.with_name(b.name + ".old")
-    os.rename(b, parked)
-    os.rename(a, b)
-    os.rename(parked, a)
 
 
 def build_frame_file(
@@ -150,6 +132,28 @@ def td_meta_tree(
     return dirs
 
 
+def write_td_meta(
+    root: Path,
+    frames: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]],
+    episodes: int,
+    *,
+    only_episodes: bool = False,
+    skip_episodes: bool = False,
+) -> None:
+    """Write the ``meta.json`` files tensordict's ``load_memmap`` reads, under ``root``:
+    ``frames`` (key -> full shape, dtype) and the episodes columns of ``episodes`` rows."""
+    leaves = dict(frames)
+    for name, dtype in COLUMNS.items():
+        leaves[(fmt.EPISODES, name)] = ((episodes,), dtype)
+    for key, content in td_meta_tree(leaves).items():
+        is_episodes = key == (fmt.EPISODES,)
+        if (only_episodes and not is_episodes) or (skip_episodes and is_episodes):
+            continue
+        content.update(shape=[episodes] if is_episodes else [], device="cpu", **TD_CLASS)
+        content["_class"] = "tensordict:TensorDict"
+        write_json(root.joinpath(*key, "meta.json"), content)
+
+
 class MemmapWriter(Writer):
     backend = "memmap"
 
@@ -205,7 +209,7 @@ class MemmapWriter(Writer):
             self._episode_files[name] = open(file, "ab")  # noqa: SIM115 (closed in _close)
         if not self._created:
             return
-        mask, traj = self._maps[("collector", "mask")], self._maps[("collector", "traj_ids")]
+        mask, traj = self._maps[fmt.MASK_KEY], self._maps[fmt.TRAJ_KEY]
         for lane in range(self.lanes):
             mask[lane, self.cursor[lane] :] = False
             traj[lane, self.cursor[lane] :] = -1
@@ -215,12 +219,18 @@ class MemmapWriter(Writer):
     def _has(self, key: str) -> bool:
         return tuple(key.split("/")) in self._specs
 
+    def _window(self, key: fmt.Key, lane: int, t0: int, t1: int) -> np.ndarray:
+        return np.asarray(self._maps[key][lane, t0:t1])
+
+    def _set_points(self, key: fmt.Key, lanes: np.ndarray, times: np.ndarray) -> None:
+        self._maps[key][lanes, times] = True
+
     def _grow_lanes(self, lanes: int) -> None:
         if lanes > self.lane_capacity:
             self._resize(self.capacity, max(2 * self.lane_capacity, lanes))
 
     def _read(self, key: str) -> np.ndarray:
-        if key.startswith("episodes/"):
+        if fmt.is_episodes(key):
             dtype = COLUMNS[key.split("/", 1)[1]]
             return np.fromfile(self.path / f"{key}.memmap", dtype=dtype)
         return np.asarray(self._maps[tuple(key.split("/"))])
@@ -259,7 +269,7 @@ class MemmapWriter(Writer):
             build_frame_file(
                 target,
                 (lane_capacity, capacity, row),
-                fill=np.full(1, -1, dtype).tobytes() if key == ("collector", "traj_ids") else None,
+                fill=np.full(1, -1, dtype).tobytes() if key == fmt.TRAJ_KEY else None,
                 source=(self._file(key), self.capacity) if key in self._maps and keep else None,
                 lanes=rows,
                 steps=keep,
@@ -305,19 +315,12 @@ class MemmapWriter(Writer):
         root = root or self.path
         cap = self.capacity if capacity is None else capacity
         rows = self.lane_capacity if lane_capacity is None else lane_capacity
-        leaves = {k: ((rows, cap, *feat), dt) for k, (feat, dt) in self._specs.items()}
-        for name, dtype in COLUMNS.items():
-            leaves[("episodes", name)] = ((self.episodes,), dtype)
-        for key, content in td_meta_tree(leaves).items():
-            is_episodes = key == ("episodes",)
-            if (only_episodes and not is_episodes) or (skip_episodes and is_episodes):
-                continue
-            shape = [self.episodes] if is_episodes else []
-            content.update(shape=shape, device="cpu", **TD_CLASS)
-            content["_class"] = "tensordict:TensorDict"
-            write_json(root.joinpath(*key, "meta.json"), content)
-            if is_episodes and root == self.path:
-                self._episodes_listed = self.episodes
+        frames = {k: ((rows, cap, *feat), dt) for k, (feat, dt) in self._specs.items()}
+        write_td_meta(
+            root, frames, self.episodes, only_episodes=only_episodes, skip_episodes=skip_episodes
+        )
+        if root == self.path and not skip_episodes:
+            self._episodes_listed = self.episodes
 
     def _commit(self) -> None:
         # Data first (into the page cache, which outlives this process), then the
@@ -375,6 +378,40 @@ class MemmapWriter(Writer):
         self._maps.clear()
 
 
+WRITER = MemmapWriter
+
+
 def read_meta(path: Path) -> dict[str, Any]:
+    if not (path / META_FILE).is_file():
+        raise OutputError(f"{str(path)!r} is a directory without {META_FILE}: not a dataset")
     with open(path / META_FILE) as f:
         return json.load(f)
+
+
+def load(path: Path):
+    from tensordict import TensorDict
+
+    return TensorDict.load_memmap(path)
+
+
+def describe_keys(path: Path) -> list[tuple[str, tuple[int, ...], str]]:
+    """``(key, shape, dtype)`` of every stored array."""
+    return [
+        (fmt.path(key), tuple(value.shape), str(value.dtype).split(".")[-1])
+        for key, value in load(path).items(True, True)
+    ]
+
+
+def read_array(path: Path, key: str) -> np.ndarray:
+    return load(path).get(fmt.key_of(key)).numpy()
+
+
+@contextlib.contextmanager
+def reader(path: Path, by_lane: bool = False) -> Iterator[Callable[[str], Any]]:
+    """``read(key)``: the memory-mapped array (pages read on access)."""
+    td = load(path)
+    yield lambda key: td.get(fmt.key_of(key)).numpy()
+
+
+def lanes_limit(lanes: int, what: str) -> str | None:
+    return None  # one file per key: no per-lane record to outgrow

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,14 +31,15 @@ from typing import Any
 import numpy as np
 
 from collect_cli import __version__, provenance
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import COLUMNS, FORMAT_VERSION, MASK, TRAJ, Rows, concat_rows
 from collect_cli.errors import MergeError, OutputError, WriteError
-from collect_cli.writers import Dataset, open_dataset
-from collect_cli.writers.base import FORMAT_VERSION, now, remove_output
-from collect_cli.writers.episodes import COLUMNS, Rows, concat_rows
+from collect_cli.writers import BACKENDS, Dataset, open_dataset
+from collect_cli.writers import backend as backend_module
+from collect_cli.writers.base import now, publish, remove_output
 
-TRAJ, MASK = "collector/traj_ids", "collector/mask"
 WINDOW_BYTES = 32 << 20  # copies go through memory in blocks of about this size
-REQUIRED_META = ("format_version", "status", "frames", "steps", "episodes", "lanes", "env_id")
+FLAGGED = (fmt.path(fmt.DONE_KEY), fmt.path(fmt.TRUNCATED_KEY))  # set where a kill cut a lane
 SAME = (
     ("env_id", "env"),
     ("observation_space", "observation space"),
@@ -55,6 +56,7 @@ class Shard:
     steps: int
     lane_steps: np.ndarray  # committed time steps per lane
     rows: Rows  # its episodes (plus rows for episodes a crash left running)
+    cuts: tuple[np.ndarray, np.ndarray] | None = None  # (lanes, times) a kill cut, unflagged
     lane_offset: int = 0
     traj_offset: int = 0
 
@@ -71,54 +73,28 @@ class Shard:
 def _load(path: Path) -> Shard:
     ds = open_dataset(path)  # OutputError (exit 2) for a missing or unreadable path
     meta = ds.meta
-    lacking = [key for key in REQUIRED_META if key not in meta]
+    lacking = [key for key in fmt.REQUIRED_META if key not in meta]
     if lacking:
         raise MergeError(f"{str(path)!r} is not an rlcollect dataset: no {lacking[0]!r} metadata")
-    arrays = {k: (tuple(s), d) for k, s, d in ds.describe() if not k.startswith("episodes/")}
+    arrays = {k: (tuple(s), d) for k, s, d in ds.describe() if not fmt.is_episodes(k)}
     if not meta["frames"] or TRAJ not in arrays or MASK not in arrays:
         raise MergeError(f"shard {str(path)!r} holds no committed frames: leave it out")
     lanes, steps = int(meta["lanes"]), int(meta["steps"])
-    lane_steps = np.asarray(meta.get("lane_steps") or [steps] * lanes, np.int64)
     count = int(meta["episodes"])
     rows = {name: np.asarray(column[:count]) for name, column in ds.episodes().items()}
-    shard = Shard(path, ds, arrays, lanes, steps, lane_steps, rows)
-    if meta["status"] == "running":  # killed: its running episodes have no row yet
-        shard.rows = concat_rows([rows, _tail_rows(shard)])
+    shard = Shard(path, ds, arrays, lanes, steps, fmt.lane_steps(meta), rows)
+    if meta["status"] == fmt.RUNNING:  # killed: its running episodes have no row yet
+        with ds.reader() as read:
+            traj, mask = np.asarray(read(TRAJ)), np.asarray(read(MASK))
+
+            def get(key: fmt.Key) -> np.ndarray | None:
+                return np.asarray(read(fmt.path(key))) if fmt.path(key) in arrays else None
+
+            reward, _ = fmt.own_step(get, traj.shape)
+        tails = fmt.tail_rows(traj, mask, reward, shard.lane_steps, set(rows["traj_id"].tolist()))
+        shard.rows = concat_rows([rows, tails])
+        shard.cuts = fmt.cut_points(tails, mask, shard.lane_steps)
     return shard
-
-
-def _tail_rows(shard: Shard) -> Rows:
-    """Rows (``complete`` False) for each lane's last trajectory when it has none."""
-    with _reader(shard) as read:
-        traj, mask = np.asarray(read(TRAJ)), np.asarray(read(MASK))
-        reward = np.asarray(read("next/reward")).reshape(traj.shape)
-    known = set(shard.rows["traj_id"].tolist())
-    found = []
-    for lane, committed in enumerate(shard.lane_steps):
-        valid = np.flatnonzero(mask[lane, :committed])
-        if not len(valid) or int(traj[lane, valid[-1]]) in known:
-            continue
-        frames = valid[traj[lane, valid] == traj[lane, valid[-1]]]
-        ret = float(reward[lane, frames].sum(dtype=np.float64))
-        found.append((traj[lane, valid[-1]], lane, frames[0], len(frames), ret))
-    columns = list(zip(*found, strict=True)) if found else [[]] * 5
-    rows = {name: np.zeros(len(found), bool) for name in ("terminated", "truncated", "complete")}
-    for name, values in zip(("traj_id", "lane", "start", "length", "return"), columns, strict=True):
-        rows[name] = np.asarray(values, COLUMNS[name])
-    return {name: rows[name] for name in COLUMNS}
-
-
-@contextlib.contextmanager
-def _reader(shard: Shard) -> Iterator[Callable[[str], Any]]:
-    """``read(key)``: a sliceable array of the shard (h5py dataset or memory map)."""
-    if shard.ds.backend == "hdf5":
-        import h5py
-
-        with h5py.File(shard.path, "r", locking=False) as f:
-            yield lambda key: f[key]
-    else:
-        td = shard.ds.load()
-        yield lambda key: td.get(tuple(key.split("/"))).numpy()
 
 
 def _short(value: Any) -> str:
@@ -219,7 +195,7 @@ def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dic
         "steps": max(s.steps for s in shards),
         "episodes": len(rows["traj_id"]),
         "lanes": sum(s.lanes for s in shards),
-        "lane_steps": [int(n) for s in shards for n in s.lane_steps],
+        fmt.LANE_STEPS: [int(n) for s in shards for n in s.lane_steps],
         "merged": {"time": now(), "mode": "virtual" if virtual else "copy"},
         "shards": [_shard_entry(s, dest) for s in shards],
         **provenance.merged([s.meta for s in shards]),
@@ -264,6 +240,11 @@ def _copy_key(shard: Shard, read: Callable[[str], Any], key: str, dst: Any) -> N
                 block = np.where((block >= 0) & ~beyond, block + shard.traj_offset, -1)
             else:
                 block = block & ~beyond
+        elif key in FLAGGED and shard.cuts is not None:
+            cut_lanes, cut_times = shard.cuts
+            inside = (cut_times >= t0) & (cut_times < t1)
+            block = block.copy()  # a memmap shard's block is a view of the shard's file
+            block[cut_lanes[inside], cut_times[inside] - t0] = True
         dst[lanes, t0:t1] = block
 
 
@@ -271,7 +252,7 @@ def _np_dtype(array: Any) -> np.dtype:
     return np.dtype(array.dtype)
 
 
-def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], copy: bool, meta, rows) -> None:
+def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta, rows) -> None:
     import h5py
 
     from collect_cli.writers.hdf5 import RootAttrs
@@ -279,12 +260,13 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], copy: bool, meta, ro
     lanes, steps = meta["lanes"], meta["steps"]
     readers = contextlib.ExitStack()
     with readers, h5py.File(tmp, "w", locking=False) as f:
-        reads = [readers.enter_context(_reader(s)) for s in shards]
+        reads = [readers.enter_context(s.ds.reader()) for s in shards]
         for key, (shape, _) in shards[0].arrays.items():
             feat = shape[2:]
             dtype = _np_dtype(reads[0](key))
             fill = -1 if key == TRAJ else 0
-            if copy or key == TRAJ:
+            flagged = key in FLAGGED and any(s.cuts is not None for s in shards)
+            if not virtual or key == TRAJ or flagged:
                 row = max(1, int(np.prod(feat, dtype=np.int64))) * dtype.itemsize
                 chunk = max(1, min(1024, steps, (1 << 20) // row))
                 ds = f.create_dataset(
@@ -311,19 +293,18 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], copy: bool, meta, ro
                         layout[lo + lane, :committed] = src[lane, :committed]
             f.create_virtual_dataset(key, layout, fillvalue=fill)
         for name in COLUMNS:
-            f.create_dataset(f"episodes/{name}", data=rows[name])
+            f.create_dataset(fmt.column(name), data=rows[name])
         RootAttrs(f).store(meta)
-    _fsync(tmp)
 
 
-def _write_memmap(tmp: Path, shards: list[Shard], meta, rows) -> None:
-    from collect_cli.writers.memmap import META_FILE, TD_CLASS, td_meta_tree, write_json
+def _write_memmap(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta, rows) -> None:
+    from collect_cli.writers.memmap import META_FILE, write_json, write_td_meta
 
     lanes, steps = meta["lanes"], meta["steps"]
     tmp.mkdir()
     leaves: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]] = {}
     with contextlib.ExitStack() as readers:
-        reads = [readers.enter_context(_reader(s)) for s in shards]
+        reads = [readers.enter_context(s.ds.reader()) for s in shards]
         for key, (shape, _) in shards[0].arrays.items():
             parts = tuple(key.split("/"))
             file = tmp.joinpath(*parts[:-1], parts[-1] + ".memmap")
@@ -338,42 +319,17 @@ def _write_memmap(tmp: Path, shards: list[Shard], meta, rows) -> None:
             dst.flush()
             del dst
             leaves[parts] = (full, dtype)
-    (tmp / "episodes").mkdir()
+    (tmp / fmt.EPISODES).mkdir()
     for name, dtype in COLUMNS.items():
-        with open(tmp / "episodes" / f"{name}.memmap", "wb") as f:
+        with open(tmp / fmt.EPISODES / f"{name}.memmap", "wb") as f:
             f.write(np.ascontiguousarray(rows[name], dtype).tobytes())
             os.fsync(f.fileno())
-        leaves[("episodes", name)] = ((len(rows[name]),), dtype)
-    for key, content in td_meta_tree(leaves).items():
-        content.update(shape=[len(rows["traj_id"])] if key == ("episodes",) else [])
-        content.update(device="cpu", **TD_CLASS)
-        content["_class"] = "tensordict:TensorDict"
-        write_json(tmp.joinpath(*key, "meta.json"), content)
+    write_td_meta(tmp, leaves, len(rows["traj_id"]))
     write_json(tmp / META_FILE, meta, sync=True)
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _install(tmp: Path, dest: Path) -> None:
-    """Move the finished ``tmp`` to ``dest``, replacing what is there (``--overwrite``)."""
-    if not dest.exists():
-        os.rename(tmp, dest)
-    elif tmp.is_dir() and dest.is_dir() and not dest.is_symlink():
-        from collect_cli.writers.memmap import exchange
-
-        exchange(tmp, dest)  # atomic swap; tmp now holds the old dataset
-        remove_output(tmp)
-    elif tmp.is_file() and dest.is_file():
-        os.replace(tmp, dest)
-    else:
-        remove_output(dest)
-        os.rename(tmp, dest)
+# the merged dataset's writer, per backend (each writes ``tmp``, which is then published)
+MERGED_WRITERS = {"hdf5": _write_hdf5, "memmap": _write_memmap}
 
 
 def merge(
@@ -403,13 +359,10 @@ def merge(
     _place(shards)
     rows = _rows(shards)
     backend = shards[0].ds.backend
-    virtual = backend == "hdf5" and not copy
+    virtual = BACKENDS[backend].links and not copy
     meta = _metadata(shards, dest, rows, virtual)
-    if backend == "hdf5":
-        from collect_cli.writers.hdf5 import lanes_limit
-
-        if why := lanes_limit(meta["lanes"], "lanes"):
-            raise MergeError(f"{why}: merge fewer shards (memmap datasets have no such limit)")
+    if why := backend_module(backend).lanes_limit(meta["lanes"], "lanes"):
+        raise MergeError(f"{why}: merge fewer shards (memmap datasets have no such limit)")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -418,11 +371,8 @@ def merge(
     try:
         if tmp.exists():
             remove_output(tmp)
-        if backend == "hdf5":
-            _write_hdf5(tmp, dest, shards, copy, meta, rows)
-        else:
-            _write_memmap(tmp, shards, meta, rows)
-        _install(tmp, dest)
+        MERGED_WRITERS[backend](tmp, dest, shards, virtual, meta, rows)
+        publish(tmp, dest)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             remove_output(tmp)

@@ -17,7 +17,7 @@ from collect_cli.envs import env_factory
 from collect_cli.writers import make_writer, open_dataset
 from tests.conftest import out_path as dataset_path
 from tests.conftest import run_cli
-from tests.helpers import start_run, wait_for_frames
+from tests.helpers import assert_split_on_done, start_run, wait_for_frames
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +236,8 @@ def test_preempted_padding_inside_episodes(tmp_path, backend, monkeypatch):
         for lane, start, length in zip(rows["lane"], rows["start"], rows["length"], strict=True)
     ]
     assert any(not span.all() for span in spans), "no padding inside an episode: test is void"
+    # preemption's padding sits inside trajectories that go on: not a cut
+    assert assert_split_on_done(source) == len(rows["traj_id"])
 
     res = export(source, "d4rl", tmp_path / "p.hdf5")
     assert res.code == 0, res.stderr

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from collect_cli import config
 from collect_cli.cli import app
 from collect_cli.collectors import SyncCollector
+from collect_cli.collectors.postproc import MultiStep
 from collect_cli.envs import env_factory
 from collect_cli.run import run
 from collect_cli.writers import make_writer, open_dataset
@@ -193,15 +194,23 @@ def test_overwrite_replaces_the_destination(made, tmp_path):
     assert not [p for p in tmp_path.iterdir() if "merging" in p.name]
 
 
-def killed_shard(path, backend, snapshot, like):
+def killed_shard(path, backend, snapshot, like, n_step=0, seed=0):
     """A shard as ``kill -9`` leaves it: 2 batches committed, a third appended, not
     committed, and episodes still running (status ``running``); copied to ``snapshot``.
-    Its metadata is that of the dataset at ``like``."""
+    Its metadata is that of the dataset at ``like``; ``n_step``: written through
+    ``postproc=multistep`` with that n."""
     keep = ("env_id", "observation_space", "action_space", "config", "seed")
     meta = {k: v for k, v in open_dataset(like).meta.items() if k in keep}
-    with SyncCollector(env_factory("CartPole-v1", 2), frames_per_batch=100, total_frames=300) as c:
+    step = None
+    if n_step:
+        meta["postproc"] = {"name": "multistep", "n": n_step, "gamma": 0.9}
+        step = MultiStep(n_step, 0.9)
+    make_env = env_factory("CartPole-v1", 2)
+    with SyncCollector(make_env, frames_per_batch=100, total_frames=300, seed=seed) as c:
         writer = make_writer(backend, path, metadata=meta).open()
         for i, (lane_start, batch) in enumerate(c.iter_with_lanes()):
+            if step is not None:
+                batch = step(batch, lane_start)
             writer.append(batch, lane_start)
             if i < 2:
                 writer.commit()
@@ -238,3 +247,41 @@ def test_allow_incomplete_merges_what_a_killed_shard_committed(tmp_path, backend
     tails = ep[ep["traj_id"] >= meta["shards"][1]["traj_id_offset"]]
     assert int((~tails["complete"]).sum()) == int((~ended).sum()) > 0
     assert tails["lane"][~tails["complete"]].tolist() == (np.flatnonzero(~ended) + 2).tolist()
+
+
+def test_killed_multistep_shards_merge_with_their_own_returns(tmp_path, backend):
+    """Regression: the rows merge makes for the episodes a kill cut summed the n-step
+    ``next/reward`` (about n times too much); a frame's own reward is the original."""
+    like = out_path(tmp_path, backend, "like")
+    collect(like, "env=CartPole", "total_frames=200", f"writer={backend}")
+    shards = [
+        killed_shard(
+            out_path(tmp_path, backend, f"live{i}"),
+            backend,
+            out_path(tmp_path, backend, f"killed{i}"),
+            like,
+            n_step=3,
+            seed=i,
+        )
+        for i in range(2)
+    ]
+    dest = out_path(tmp_path, backend, "merged")
+    code, _, stderr = invoke("merge", *map(str, shards), "--out", str(dest), "--allow-incomplete")
+    assert code == 0, stderr
+    assert_consistent(dest)
+    ds = open_dataset(dest)
+    ep, meta = ds.episodes(), ds.meta
+    traj, own = ds.array("collector/traj_ids"), ds.array("next/original_reward")[..., 0]
+    mask = ds.array("collector/mask")
+    cut = np.flatnonzero(~ep["complete"])
+    assert len(cut) > 0
+    for row in cut:
+        frames = mask & (traj == ep["traj_id"][row])
+        assert ep["return"][row] == pytest.approx(own[frames].sum())
+        assert ep["return"][row] < ds.array("next/reward")[..., 0][frames].sum()
+    # the kill's cut frames are flagged; they keep the n-step lookahead their run
+    # computed from frames the kill lost (docs/dataset.md)
+    last = np.asarray([np.flatnonzero(mask[lane])[-1] for lane in ep["lane"][cut]])
+    flags = ds.array("next/truncated")[..., 0] & ds.array("next/done")[..., 0]
+    assert flags[ep["lane"][cut], last].all()
+    assert meta["episodes"] == len(ep["traj_id"])

@@ -15,6 +15,7 @@ from collect_cli.envs import env_factory
 from collect_cli.errors import OutputError
 from collect_cli.writers import check_output, make_writer, open_dataset
 from tests.conftest import out_path
+from tests.helpers import assert_split_on_done
 
 
 def write(path, backend, batches, planned=None, status="complete", **kw):
@@ -38,6 +39,11 @@ def test_roundtrip_values(tmp_path, backend, batches, planned):
     write(path, backend, batches, planned=planned)
     td = open_dataset(path).load()
     whole = torch.cat(batches, dim=1)
+    # the end of the run cuts each lane's running trajectory: flagged like a truncation
+    cut = ~whole["next", "done"][:, -1, 0]
+    assert cut.any()
+    for flag in ("done", "truncated"):
+        whole["next", flag][cut, -1] = True
     for key in whole.keys(True, True):
         got = td.get(key)
         assert got.shape == whole.get(key).shape, key
@@ -57,8 +63,9 @@ def test_episodes_match_frames(tmp_path, backend, batches):
         assert (traj[lane, s : s + n] == ep["traj_id"][i]).all()
         assert np.isclose(rew[lane, s : s + n].sum(), ep["return"][i])
     # incomplete episodes are the running tails: one per lane not ending on a done frame
-    last_done = ds.array("next/done")[:, -1, 0]
+    last_done = torch.cat(batches, dim=1)["next", "done"][:, -1, 0].numpy()
     assert (~ep["complete"]).sum() == (~last_done).sum() > 0
+    assert assert_split_on_done(path) == len(ep["traj_id"])
     assert not ep["terminated"][~ep["complete"]].any()
     assert ds.meta["episodes"] == len(ep["traj_id"])
 

@@ -1,0 +1,139 @@
+"""The package's shape: layers that import only downwards, no import cycle, and
+the dataset's key names written in one module (``collect_cli/dataformat.py``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from collect_cli import dataformat as fmt
+
+PACKAGE = Path(__file__).parent.parent / "collect_cli"
+
+# lowest first: a module imports from its own layer or the ones before it
+LAYERS = [
+    (
+        "base",
+        {
+            "collect_cli",
+            "collect_cli._startup",
+            "collect_cli.errors",
+            "collect_cli.dataformat",
+            "collect_cli.specs",
+        },
+    ),
+    ("config", {"collect_cli.config"}),
+    ("envs", {"collect_cli.envs", "collect_cli.exploration"}),
+    ("policies", {"collect_cli.policies", "collect_cli.policies_sb3", "collect_cli.provenance"}),
+    ("collectors", {"collect_cli.collectors"}),
+    (
+        "storage",  # the format on disk: one writer and one reader per backend
+        {
+            "collect_cli.writers",
+            "collect_cli.writers.base",
+            "collect_cli.writers.episodes",
+            "collect_cli.writers.hdf5",
+            "collect_cli.writers.memmap",
+        },
+    ),
+    ("tools", {"collect_cli.validate", "collect_cli.writers.export", "collect_cli.writers.merge"}),
+    ("stream", {"collect_cli.stream"}),
+    ("run", {"collect_cli.run", "collect_cli.progress", "collect_cli.sweep"}),
+    ("cli", {"collect_cli.cli", "collect_cli.__main__"}),
+]
+PACKAGES = {"collect_cli.envs", "collect_cli.collectors"}  # every submodule in the layer
+# neither knows of the other: batches are the only thing they share
+APART = [("collectors", "storage"), ("collectors", "tools"), ("storage", "collectors")]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every collect_cli module ``path`` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "collect_cli":  # from collect_cli import dataformat
+                found |= {f"collect_cli.{a.name}" for a in node.names}
+                found.add("collect_cli")
+            elif node.module.startswith("collect_cli."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("collect_cli")}
+    return found
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+GRAPH = {name: imports(path) & set(MODULES) - {name} for name, path in MODULES.items()}
+
+
+def layer_of(name: str) -> int:
+    for index, (_, members) in enumerate(LAYERS):
+        if name in members or any(name.startswith(p + ".") for p in PACKAGES & members):
+            return index
+    raise AssertionError(f"{name} has no layer: add it to LAYERS in {__file__}")
+
+
+def test_every_module_imports_only_its_layer_or_below():
+    wrong = []
+    for name, deps in GRAPH.items():
+        for dep in deps:
+            if layer_of(dep) > layer_of(name):
+                wrong.append(f"{name} ({LAYERS[layer_of(name)][0]}) imports {dep}")
+            pair = (LAYERS[layer_of(name)][0], LAYERS[layer_of(dep)][0])
+            if pair in APART:
+                wrong.append(f"{name} imports {dep}: {pair[0]} know nothing of {pair[1]}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycle():
+    state: dict[str, str] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = "open"
+        for dep in sorted(GRAPH[name]):
+            if state.get(dep) == "open":
+                cycle = [*trail[trail.index(dep) :], dep] if dep in trail else [name, dep]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep, [*trail, dep])
+        state[name] = "done"
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+
+
+def format_keys() -> tuple[set[str], set[tuple[str, ...]]]:
+    """The key names only the format module may spell out: frame keys (joined and
+    as tuples), episodes columns, and the names of format-made entries."""
+    tuples = {v for v in vars(fmt).values() if isinstance(v, tuple) and len(v) > 1}
+    tuples = {t for t in tuples if all(isinstance(p, str) for p in t) and t[0] != "done"}
+    names = {fmt.path(t) for t in tuples} | {fmt.column(c) for c in fmt.COLUMNS}
+    names |= {fmt.NEXT, fmt.LANE_STEPS, *fmt.STEPS_TO_NEXT_KEY, fmt.ORIGINAL_REWARD_KEY[1]}
+    names |= {fmt.TRAJ_KEY[1]}
+    return names, tuples
+
+
+def test_key_names_come_from_the_format_module():
+    names, tuples = format_keys()
+    assert "collector/traj_ids" in names and ("next", "done") in tuples  # the scan is armed
+    found = []
+    for name, path in MODULES.items():
+        if name == "collect_cli.dataformat":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.name}:{node.lineno} {node.value!r}")
+            elif isinstance(node, ast.Tuple) and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+            ):
+                value = tuple(e.value for e in node.elts)
+                if value in tuples:
+                    found.append(f"{path.name}:{node.lineno} {value!r}")
+    assert not found, "dataset key literals outside dataformat.py:\n" + "\n".join(found)
