@@ -372,6 +372,99 @@ def merge(
     raise typer.Exit(_guarded(go, debug=False))
 
 
+_REPORT_HELP = """See datasets: one self-contained HTML page of plots (or PNG files, or JSON).
+
+\b
+Sections: summary table (one column per dataset), episode return and length
+histograms, return against episode order, per-dimension distributions of
+actions and observations (a sample of frames), image frames of one episode,
+padding/mask statistics and per-lane counts. Several PATHs are overlaid, one
+colour each. Needs matplotlib (pip install 'rlcollect\\[report]') except --json.
+Exit codes: 0 done, 1 unreadable dataset, 2 bad usage or missing dataset.
+"""
+
+
+def _datasets_stats(paths: list[Path]) -> list[Any]:
+    from collect_cli.report import dataset_stats
+
+    return [dataset_stats(p) for p in paths]
+
+
+@app.command(help=_REPORT_HELP)
+def report(
+    paths: Annotated[list[Path], typer.Argument(help="Datasets (.h5 files or memmap dirs).")],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="html: the page (report.html); png: a folder (report)."),
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="html or png.")] = "html",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the numbers behind the plots; write nothing.")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out.")] = False,
+) -> None:
+    def go() -> int:
+        from collect_cli.errors import UsageError
+
+        if fmt not in ("html", "png"):
+            raise UsageError(f"unknown report format {fmt!r}: choose from html, png")
+        if as_json:
+            stats = _datasets_stats(paths)
+            print(json.dumps([s.as_dict() for s in stats], indent=2))
+            return EXIT_OK
+        from collect_cli import report_html
+
+        dest = out or Path("report.html" if fmt == "html" else "report")
+        report_html.check_out(dest, paths, overwrite, as_dir=fmt == "png")
+        report_html.require_matplotlib()  # the install hint before any dataset is read
+        stats = _datasets_stats(paths)
+        if fmt == "html":
+            report_html.write_atomic(dest, report_html.render_html(stats).encode("utf-8"))
+        else:
+            report_html.write_atomic(dest, report_html.render_pngs(stats))
+        for s in stats:
+            for note in s.notes:
+                print(f"rlcollect: note: {note}", file=sys.stderr)
+        print(json.dumps({"path": str(dest), "format": fmt, "datasets": [str(p) for p in paths]}))
+        return EXIT_OK
+
+    raise typer.Exit(_guarded(go, debug=False))
+
+
+@app.command()
+def card(
+    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write the card here (default: stdout).")
+    ] = None,
+    license_id: Annotated[
+        str | None,
+        typer.Option("--license", help="License id for the front matter (default: unknown)."),
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out.")] = False,
+) -> None:
+    """Write a Markdown dataset card (Hugging Face front matter, summary, schema, loading code)."""
+
+    def go() -> int:
+        from collect_cli.card import render_card
+        from collect_cli.report import dataset_stats
+
+        if out is not None:
+            from collect_cli.report_html import check_out, write_atomic
+
+            check_out(out, [path], overwrite, as_dir=False)
+        stats = dataset_stats(path)
+        card_dir = out.absolute().parent if out is not None else Path.cwd()
+        text = render_card(path, stats, card_dir, license_id)
+        if out is None:
+            print(text, end="")
+        else:
+            write_atomic(out, text.encode("utf-8"))
+        return EXIT_OK
+
+    raise typer.Exit(_guarded(go, debug=False))
+
+
 def _print_info(data: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -159,6 +159,7 @@ def last_valid(mask: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.where(upto.any(axis=1), last, -1)
 
 
+# durability D13 (docs/durability.md)
 def tail_rows(
     traj: np.ndarray, mask: np.ndarray, reward: np.ndarray, ends: np.ndarray, known: set[int]
 ) -> Rows:
@@ -184,6 +185,7 @@ def tail_rows(
     return rows
 
 
+# durability D13 (docs/durability.md)
 def cut_points(rows: Rows, mask: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(lanes, times)`` of the last stored frame of each cut row (``complete`` False):
     where ``next/truncated`` and ``next/done`` must be True. ``mask``/``ends`` are

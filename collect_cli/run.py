@@ -98,6 +98,7 @@ class StopFlag:
         return self.signal_name is not None
 
 
+# durability D12 (docs/durability.md)
 @contextmanager
 def trap_signals(flag: StopFlag) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
@@ -254,6 +255,7 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
         collector.shutdown()
 
 
+# durability D13 (docs/durability.md)
 def _resume(settings: Settings, device, storing_device, progress: ProgressFn | None) -> RunResult:
     """Continue the dataset at ``settings.out`` up to ``total_frames`` (fresh episodes)."""
     from collect_cli.collectors import derive_seeds
@@ -336,6 +338,7 @@ def _checkpoints(settings: Settings, meta: dict[str, Any]) -> tuple[Any, Any]:
     return ours.get("sha256"), theirs
 
 
+# durability D12 (docs/durability.md)
 def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -> RunResult:
     flag = StopFlag()
     recent: deque[float] = deque(maxlen=100)
@@ -395,6 +398,7 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
     )
 
 
+# durability D12 (docs/durability.md)
 def _close_quietly(writer, status: str) -> None:
     try:
         writer.close(status)

@@ -1,11 +1,18 @@
-"""Shared fixtures: run the real CLI in a subprocess, over every writer backend."""
+"""Shared fixtures: run the real CLI in a subprocess, over every writer backend.
+
+``run_cli`` forks each ``rlcollect`` process from one warmed process per test
+worker (tests/support/forkserver.py): a real process running the real CLI, that
+does not spend 2-4 s importing torch first. ``fresh=True`` starts a new
+interpreter instead, for what depends on start-up."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +36,30 @@ class Result:
         return json.loads(lines[-1])
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout=300) -> Result:
+_SERVER = None
+STARTUP_VARS = {"PYTHONPATH", "PYTHONHASHSEED", "OMP_NUM_THREADS"}  # read when Python starts
+
+
+def _server():
+    global _SERVER
+    if _SERVER is None:
+        from tests.helpers import ForkServer
+
+        _SERVER = ForkServer(Path(tempfile.mkdtemp()), ["env=Pendulum", "progress=none"])
+        atexit.register(_SERVER.close)
+    return _SERVER
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout=300, fresh=False
+) -> Result:
+    if not fresh and not STARTUP_VARS & set(env or {}):
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            server = _server()
+            pid = server.cli(list(args), cwd or Path.cwd(), env or {}, out, err)
+            code = server.wait(pid, timeout)
+            return Result(code, out.read_text(), err.read_text())
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join(
         [str(HERE / "support"), full_env.get("PYTHONPATH", "")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -92,12 +93,26 @@ class ForkServer:
         """Start ``rlcollect run ARGS`` (its output into ``log``); its pid."""
         return self._ask(run=args, log=str(log))["pid"]
 
+    def cli(self, args: list[str], cwd: Path, env: dict, out: Path, err: Path) -> int:
+        """Start ``rlcollect ARGS`` in ``cwd`` with ``env`` added; its pid."""
+        return self._ask(cli=list(args), cwd=str(cwd), env=env, out=str(out), err=str(err))["pid"]
+
     def poll(self, pid: int) -> int | None:
         return self._ask(poll=pid)["code"]
 
-    def wait(self, pid: int) -> int:
-        """The run's exit status (negative: the signal that ended it)."""
-        return self._ask(wait=pid)["code"]
+    def wait(self, pid: int, timeout: float | None = None) -> int:
+        """The run's exit status (negative: the signal that ended it); past
+        ``timeout`` seconds it is killed and ``subprocess.TimeoutExpired`` raised."""
+        if timeout is None:
+            return self._ask(wait=pid)["code"]
+        deadline = time.monotonic() + timeout
+        while (code := self.poll(pid)) is None:
+            if time.monotonic() > deadline:
+                os.killpg(pid, signal.SIGKILL)
+                self.wait(pid)
+                raise subprocess.TimeoutExpired(f"rlcollect (pid {pid})", timeout)
+            time.sleep(0.02)
+        return code
 
     def close(self) -> None:
         if self.proc.stdin is not None:

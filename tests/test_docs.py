@@ -56,7 +56,7 @@ RUN_PY = (  # python -c: run each block file in a fresh namespace
     "import runpy, sys\nfor file in sys.argv[1:]:\n    runpy.run_path(file, run_name='__main__')"
 )
 # linked from README, written on other branches (policies, report/card)
-PENDING_LINKS = {"docs/policies.md", "docs/report.md"}
+PENDING_LINKS = {"docs/policies.md"}
 
 
 @dataclass

@@ -33,6 +33,7 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+# durability D3 (docs/durability.md)
 def check_output(path: Path, overwrite: bool) -> None:
     """Fail early (before any env starts) if ``path`` cannot be written."""
     if path.exists() and not overwrite:
@@ -63,6 +64,7 @@ def remove_output(path: Path) -> None:
         path.unlink()
 
 
+# durability D10 (docs/durability.md)
 def exchange(a: Path, b: Path) -> None:
     """Atomically swap two directories (Linux ``renameat2(RENAME_EXCHANGE)``).
 
@@ -95,6 +97,7 @@ def fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
+# durability D14 (docs/durability.md)
 def publish(tmp: Path, dest: Path) -> None:
     """Make what was built at ``tmp`` (beside ``dest``) durable, then move it to
     ``dest`` in one step, replacing what is there: readers see the old or the new
@@ -125,6 +128,7 @@ def staging_leftovers(path: Path) -> list[tuple[Path, int]]:
     return found
 
 
+# durability D2 (docs/durability.md)
 def remove_stale_staging(path: Path) -> None:
     """Remove the staging datasets of ``path`` left by runs that are gone."""
     for leftover, pid in staging_leftovers(path):
@@ -133,6 +137,7 @@ def remove_stale_staging(path: Path) -> None:
         remove_output(leftover)
 
 
+# durability D2 (docs/durability.md)
 def missing_dataset(path: Path) -> OutputError:
     """The error for no dataset at ``path``, naming a run that has not committed
     (or was killed before its first commit) if its staging dataset is there."""
@@ -161,6 +166,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# durability D5 (docs/durability.md)
 def leaf_items(batch: TensorDictBase) -> list[tuple[tuple[str, ...], np.ndarray]]:
     """``(key tuple, numpy array)`` for every leaf of a CPU batch, the mask last:
     a frame whose mask is on disk has all its other entries on disk too."""
@@ -200,6 +206,7 @@ class Writer(abc.ABC):
         self._closed = False
         self._publish_at: Path | None = None  # where the first commit renames the dataset
 
+    # durability D1 (docs/durability.md)
     def open(self) -> Writer:
         """Create the empty dataset. It is built under a temporary sibling name and
         renamed into place by the first :meth:`commit`, once the first batch's
@@ -239,6 +246,7 @@ class Writer(abc.ABC):
         self._publish_at = final
         return self
 
+    # durability D13 (docs/durability.md)
     def reopen(self) -> Writer:
         """Continue the dataset at ``path`` after its last commit.
 
@@ -287,6 +295,7 @@ class Writer(abc.ABC):
         """One stored frame array, or None where the dataset has no ``key``."""
         return self._read(fmt.path(key)) if self._has(fmt.path(key)) else None
 
+    # durability D13 (docs/durability.md)
     def _flag_cuts(self, lanes: np.ndarray, times: np.ndarray) -> None:
         """Mark the frames where the dataset cuts a trajectory (the end of the run, a
         reset between batches, a resume point): ``next/truncated`` and ``next/done``
@@ -352,6 +361,7 @@ class Writer(abc.ABC):
         self.episodes += len(rows["traj_id"])
         return rows
 
+    # durability D1, D4 (docs/durability.md)
     def commit(self) -> None:
         """Make everything appended so far durable and visible to readers.
 
@@ -374,6 +384,7 @@ class Writer(abc.ABC):
         except OSError as exc:
             raise self._os_error(exc) from exc
 
+    # durability D11 (docs/durability.md)
     def close(self, status: str = "complete") -> None:
         """Record the running episodes as incomplete, set ``status`` and commit."""
         if self._closed:

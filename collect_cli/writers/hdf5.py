@@ -119,6 +119,7 @@ def lane_reading_cache(path: Path, steps: int) -> dict[str, Any]:
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
+# durability D8 (docs/durability.md)
 def eoa_field(fd: int) -> int | None:
     """File offset of the superblock's end-of-allocation address (EOA), for the
     superblock versions without a checksum (0 and 1: what h5py writes by default);
@@ -224,6 +225,7 @@ class RootAttrs:
         self._written: dict[str, Any] = {}  # the values as last stored
         self._numbers: dict[str, tuple[Any, np.dtype, tuple[int, ...], Any]] = {}
 
+    # durability D7 (docs/durability.md)
     def store(self, meta: dict[str, Any]) -> None:
         for key, value in meta.items():
             if key in self._written and _same(self._written[key], value):
@@ -321,6 +323,7 @@ MAX_LANES = 8000
 HEAD = 6  # a commit record's entries besides lane_steps
 
 
+# durability D15 (docs/durability.md)
 def lanes_limit(lanes: int, what: str) -> str | None:
     """Why ``lanes`` lanes (or rows) are too many for an HDF5 dataset; None if not."""
     if lanes <= MAX_LANES:
@@ -331,6 +334,7 @@ def lanes_limit(lanes: int, what: str) -> str | None:
     )
 
 
+# durability D6 (docs/durability.md)
 def commit_record(seq: int, meta: dict[str, Any]) -> np.ndarray:
     lanes = np.asarray(meta.get(fmt.LANE_STEPS) or [], np.int64)
     head = [seq, *(int(meta[key]) for key in COUNTERS), len(lanes)]
@@ -338,6 +342,7 @@ def commit_record(seq: int, meta: dict[str, Any]) -> np.ndarray:
     return np.append(body, np.int64(zlib.crc32(body.tobytes())))
 
 
+# durability D6 (docs/durability.md)
 def read_commit(attrs: h5py.AttributeManager) -> dict[str, Any] | None:
     """The newest whole commit record (``seq``, counters, ``lane_steps``), or None
     (a file from an older rlcollect, or written by ``merge``)."""
@@ -360,6 +365,7 @@ def read_commit(attrs: h5py.AttributeManager) -> dict[str, Any] | None:
     return {"seq": int(best[0]), **counters, fmt.LANE_STEPS: best[5:-1].tolist()}
 
 
+# durability D6 (docs/durability.md)
 def file_meta(attrs: h5py.AttributeManager) -> tuple[dict[str, Any], int]:
     """The metadata with the counters of the last whole commit, and its sequence number."""
     meta = decode_attrs(attrs)
@@ -415,6 +421,7 @@ class Hdf5Writer(Writer):
                 f"{why}: use writer=memmap, or fewer env.num_envs x collector.workers"
             )
 
+    # durability D9 (docs/durability.md)
     def _reserve(self, nbytes: int) -> None:
         """Allocate disk space ahead of HDF5, so that a full disk (or a file-size
         limit) fails here, before HDF5 writes anything, and never inside HDF5,
@@ -425,6 +432,7 @@ class Hdf5Writer(Writer):
             os.posix_fallocate(self._fd, 0, want)
             self._reserved = want
 
+    # durability D1 (docs/durability.md)
     def _open(self) -> None:
         self._file = h5py.File(self.path, "w", locking=False)
         self._fd = os.open(self.path, os.O_RDWR)
@@ -543,6 +551,7 @@ class Hdf5Writer(Writer):
         for name, block in self._episodes.items():
             block.write((start,), np.asarray(rows[name], COLUMNS[name]))
 
+    # durability D4, D5, D6 (docs/durability.md)
     def _commit(self) -> None:
         # The frames first, then the attributes that count them: a flush writes dirty
         # metadata in HDF5's own order, so with one flush a kill in its middle could
@@ -557,6 +566,7 @@ class Hdf5Writer(Writer):
         self._attrs.store(dict.fromkeys(slots, record))
         self._flush()
 
+    # durability D8 (docs/durability.md)
     def _flush(self) -> None:
         """``H5Fflush``, safe against a kill in its middle. HDF5 allocates the chunks
         it holds in its cache during the flush and writes the superblock, which
@@ -571,6 +581,7 @@ class Hdf5Writer(Writer):
             os.pwrite(self._fd, struct.pack("<Q", os.fstat(self._fd).st_size), self._eoa_at)
         self._file.flush()
 
+    # durability D11 (docs/durability.md)
     def _close(self) -> None:
         if self._file is None:
             return

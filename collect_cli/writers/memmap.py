@@ -45,6 +45,7 @@ def _numpy_dtype(name: str) -> np.dtype:
     return torch.empty(0, dtype=getattr(torch, name.split(".")[-1])).numpy().dtype
 
 
+# durability D5 (docs/durability.md)
 def write_json(path: Path, data: dict[str, Any], sync: bool = False) -> None:
     """Atomically replace ``path`` with ``data`` (write, optionally fsync, rename)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -56,6 +57,7 @@ def write_json(path: Path, data: dict[str, Any], sync: bool = False) -> None:
     os.replace(tmp, path)
 
 
+# durability D9 (docs/durability.md)
 def build_frame_file(
     target: Path,
     layout: tuple[int, int, int],
@@ -241,6 +243,7 @@ class MemmapWriter(Writer):
             self._file(key).parent.mkdir(parents=True, exist_ok=True)
         self._resize(max(self.planned_steps or 0, items[0][1].shape[1]), lanes)
 
+    # durability D10 (docs/durability.md)
     def _resize(self, capacity: int, lane_capacity: int | None = None) -> None:
         """(Re)allocate every frame file with ``capacity`` steps, keeping what is written.
 
@@ -322,6 +325,7 @@ class MemmapWriter(Writer):
         if root == self.path and not skip_episodes:
             self._episodes_listed = self.episodes
 
+    # durability D4, D5 (docs/durability.md)
     def _commit(self) -> None:
         # Data first (into the page cache, which outlives this process), then the
         # metadata that makes it visible, each JSON file replaced atomically.
@@ -348,6 +352,7 @@ class MemmapWriter(Writer):
             if raw is not None and hasattr(raw, "madvise"):
                 raw.madvise(mmap.MADV_DONTNEED)
 
+    # durability D11 (docs/durability.md)
     def _sync(self) -> None:
         """Force everything to the device (at close: durable across power loss)."""
         for mm in self._maps.values():

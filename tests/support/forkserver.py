@@ -1,10 +1,13 @@
-"""``rlcollect run`` processes forked from one warmed process, for crash tests.
+"""``rlcollect`` processes forked from one warmed process, for the CLI and crash tests.
 
     python forkserver.py WARM_ARGS...        then one JSON request a line on stdin:
 
     {"run": [ARGS...], "log": PATH}  ->  {"pid": PID}
         fork a child that runs ``rlcollect run ARGS`` in its own session (so
         ``killpg(PID)`` reaches it and its workers), its output going to PATH
+    {"cli": [ARGS...], "cwd": DIR, "env": {...}, "out": PATH, "err": PATH}  ->  {"pid": PID}
+        fork a child that runs ``rlcollect ARGS`` in DIR with ``env`` added to its
+        environment, stdout to ``out`` and stderr to ``err``
     {"poll": PID}  ->  {"code": CODE or null}     its exit status if it has ended
     {"wait": PID}  ->  {"code": CODE}             wait for it (negative: the signal)
 
@@ -16,6 +19,7 @@ processes running the real CLI, killed with real signals.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
@@ -38,22 +42,28 @@ def warm_up(args: list[str]) -> None:
                 raise RuntimeError(f"the warm-up run failed ({exc.code})") from None
 
 
-def run_child(args: list[str], log: str) -> None:
-    """In a forked child: ``rlcollect run args``, then exit with its status."""
+def run_child(args: list[str], out: str, err: str | None = None, cwd=None, env=None) -> None:
+    """In a forked child: ``rlcollect args``, then exit with its status (the exit
+    hooks run first, as at a normal interpreter exit)."""
     code = 1
     try:
         os.setsid()
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        if cwd:
+            os.chdir(cwd)
+        os.environ.update(env or {})
+        stdout = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        stderr = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if err else stdout
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        app(args=["run", *args], prog_name="rlcollect")
+        os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
+        app(args=args, prog_name="rlcollect")
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     except BaseException:
         traceback.print_exc()
     finally:
         with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
@@ -62,10 +72,14 @@ def run_child(args: list[str], log: str) -> None:
 def serve() -> None:
     for line in sys.stdin:
         request = json.loads(line)
-        if "run" in request:
+        if "run" in request or "cli" in request:
             pid = os.fork()
             if pid == 0:
-                run_child(request["run"], request["log"])
+                if "run" in request:
+                    run_child(["run", *request["run"]], request["log"])
+                run_child(
+                    request["cli"], request["out"], request["err"], request["cwd"], request["env"]
+                )
             reply: dict = {"pid": pid}
         else:
             pid = request.get("poll", request.get("wait"))

@@ -39,7 +39,7 @@ def run_once(strace: str, k: int, args: list[str]) -> int:
     if pid == 0:  # the child: wait for the tracer, then run the CLI
         os.close(ready_w)
         os.read(ready_r, 1)
-        run_child(args, os.devnull)
+        run_child(["run", *args], os.devnull)
     os.close(ready_r)
     with tempfile.NamedTemporaryFile("r", suffix=".trace") as trace:
         cmd = [strace, "-f", "-qq", "-e", "trace=pwrite64", "-p", str(pid)]
