@@ -183,6 +183,7 @@ def _guarded(fn, debug: bool) -> int:
 def _info_dict(path: Path) -> dict[str, Any]:
     import numpy as np
 
+    from collect_cli import provenance
     from collect_cli.writers import open_dataset
 
     ds = open_dataset(path)
@@ -218,6 +219,7 @@ def _info_dict(path: Path) -> dict[str, Any]:
         "start_time": meta.get("start_time"),
         "end_time": meta.get("end_time"),
         "rlcollect_version": meta.get("rlcollect_version"),
+        **provenance.info_fields(meta, stats["mean"] if stats else None),
         "config": meta.get("config"),
     }
 
@@ -492,6 +494,15 @@ def _print_info(data: dict[str, Any]) -> None:
             "return",
             f"mean {r['mean']:.3f}  std {r['std']:.3f}  min {r['min']:.3f}  max {r['max']:.3f}",
         )
+    if data.get("normalized_score") is not None:
+        summary.add_row(
+            "normalized_score", f"{data['normalized_score']:.1f} (D4RL: 0 min, 100 max)"
+        )
+    record = {k: v for k, v in (data.get("provenance") or {}).items() if k != "policy"}
+    for key, value in (*record.items(), *(data.get("dataset") or {}).items()):
+        if isinstance(value, dict):
+            value = "  ".join(f"{k} {v}" for k, v in value.items())
+        summary.add_row(key, str(value))
     console.print(summary)
     keys = Table("key", "shape", "dtype", title="arrays")
     for item in data["keys"]:

@@ -70,7 +70,43 @@ class PythonPolicyConfig(ExplorationConfig):
     target: str = MISSING
 
 
-PolicyConfig = RandomPolicyConfig | MlpPolicyConfig | TorchScriptPolicyConfig | PythonPolicyConfig
+@dataclass
+class ExportPolicyConfig(ExplorationConfig):
+    name: str = "export"
+    path: str = MISSING
+
+
+@dataclass
+class Sb3PolicyConfig(ExplorationConfig):
+    name: str = "sb3"
+    path: str = MISSING  # a Stable-Baselines3 .zip or an RL Zoo run folder
+    algo: str | None = None  # PPO, SAC, QRDQN...; None: read from the zip (or the zoo folder)
+    deterministic: bool = True
+    vecnormalize: str | None = None  # None: the file beside the model; "none": no normalisation
+    checkpoint: str | None = None  # RL Zoo folder: best | last | <steps>; None: best, else last
+    extras: bool = True  # record action_log_prob / value / q_values where the model has them
+
+
+PolicyConfig = (
+    RandomPolicyConfig
+    | MlpPolicyConfig
+    | TorchScriptPolicyConfig
+    | PythonPolicyConfig
+    | ExportPolicyConfig
+    | Sb3PolicyConfig
+)
+
+
+@dataclass
+class DatasetConfig:
+    """Provenance the user gives, recorded in the metadata (Minari's field names)."""
+
+    author: str | None = None
+    author_email: str | None = None
+    code_permalink: str | None = None
+    description: str | None = None
+    ref_min_score: float | None = None
+    ref_max_score: float | None = None
 
 
 @dataclass
@@ -154,6 +190,7 @@ class RunConfig:
     exploration_type: str = "random"
     progress: str = "auto"
     debug: bool = False
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
 
 
 POLICY_SCHEMAS = {
@@ -161,6 +198,8 @@ POLICY_SCHEMAS = {
     "mlp": MlpPolicyConfig,
     "torchscript": TorchScriptPolicyConfig,
     "python": PythonPolicyConfig,
+    "export": ExportPolicyConfig,
+    "sb3": Sb3PolicyConfig,
 }
 WRITER_SCHEMAS = {"hdf5": Hdf5WriterConfig, "memmap": MemmapWriterConfig}
 POSTPROC_SCHEMAS = {"none": NoPostprocConfig, "multistep": MultiStepPostprocConfig}
@@ -199,6 +238,7 @@ class Settings:
     split_trajs: bool = False
     exploration_type: str = "random"
     config_yaml: str = ""
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
     # recorded with the dataset's metadata, e.g. the sweep a shard belongs to
     extra_metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -277,6 +317,8 @@ def load(cfg: DictConfig) -> Settings:
         raise ConfigError("env=gym needs an id: add env.id=<gymnasium id>, e.g. env.id=Hopper-v5")
     for option, key, example in (
         ("torchscript", "path", "policy.path=policy.pt"),
+        ("export", "path", "policy.path=policy.pt2"),
+        ("sb3", "path", "policy.path=model.zip (or an RL Zoo folder logs/ppo/CartPole-v1_1)"),
         ("python", "target", "policy.target=my_pkg.policies:make_policy"),
     ):
         if cfg.policy.get("name") == option and OmegaConf.is_missing(cfg.policy, key):
@@ -303,6 +345,14 @@ def load(cfg: DictConfig) -> Settings:
         raise ConfigError(f"env.num_envs must be at least 1, got {env.num_envs}")
     if not env.id:
         raise ConfigError("env.id is empty: name a gymnasium id, e.g. env=gym env.id=Hopper-v5")
+    checkpoint = (
+        getattr(policy, "checkpoint", None) if isinstance(policy, Sb3PolicyConfig) else None
+    )
+    if checkpoint is not None and checkpoint not in ("best", "last") and not checkpoint.isdigit():
+        raise ConfigError(
+            f"policy.checkpoint={checkpoint!r} is not valid: choose best, last "
+            "or a step count such as 100000"
+        )
     if isinstance(policy, MlpPolicyConfig):
         _choice("policy.activation", policy.activation, ACTIVATIONS)
         if not policy.hidden or any(h < 1 for h in policy.hidden):
@@ -327,6 +377,7 @@ def load(cfg: DictConfig) -> Settings:
                 "postproc=multistep needs whole batches: drop collector.preemptive_threshold"
             )
     _choice("exploration_type", cfg.exploration_type, EXPLORATION_TYPES)
+    dataset = _dataset(cfg.get("dataset"))
     max_traj = int(cfg.max_frames_per_traj)
     if max_traj == 0 or max_traj < -1:
         raise ConfigError(
@@ -370,7 +421,29 @@ def load(cfg: DictConfig) -> Settings:
         split_trajs=bool(cfg.split_trajs),
         exploration_type=cfg.exploration_type,
         config_yaml=OmegaConf.to_yaml(cfg),
+        dataset=dataset,
     )
+
+
+def _dataset(node: Any) -> DatasetConfig:
+    """The ``dataset.`` provenance keys; reference scores come in pairs, min < max."""
+    if node is None:
+        return DatasetConfig()
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(DatasetConfig), node)
+        dataset = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid dataset config: {_first_line(exc)}") from None
+    low, high = dataset.ref_min_score, dataset.ref_max_score
+    if (low is None) != (high is None):
+        raise ConfigError(
+            "dataset.ref_min_score and dataset.ref_max_score go together: set both or neither"
+        )
+    if low is not None and not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ConfigError(
+            f"dataset.ref_min_score ({low}) must be below dataset.ref_max_score ({high})"
+        )
+    return dataset
 
 
 def compose(overrides: list[str]) -> DictConfig:

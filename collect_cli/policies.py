@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import itertools
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,13 +22,18 @@ from torch import nn
 
 from collect_cli import specs
 from collect_cli.config import (
+    ExportPolicyConfig,
     PolicyConfig,
     PythonPolicyConfig,
     RandomPolicyConfig,
+    Sb3PolicyConfig,
     TorchScriptPolicyConfig,
 )
 from collect_cli.errors import PolicyError
 from collect_cli.exploration import ExplorationNoise
+
+log = logging.getLogger("rlcollect")
+_torchscript_noted = False  # the deprecation note is said once per process
 
 ACTIVATIONS = {
     "tanh": nn.Tanh,
@@ -245,9 +251,16 @@ def load_python_policy(
 
 
 def load_torchscript_policy(path: str) -> nn.Module:
+    global _torchscript_noted
     file = Path(path)
     if not file.is_file():
         raise PolicyError(f"policy.path {path!r} does not exist")
+    if not _torchscript_noted:
+        _torchscript_noted = True
+        log.warning(
+            "TorchScript is deprecated upstream (torch 2.13): save the policy with "
+            "torch.export and use policy=export"
+        )
     try:
         module = torch.jit.load(str(file), map_location="cpu")
     except Exception as exc:
@@ -255,6 +268,22 @@ def load_torchscript_policy(path: str) -> nn.Module:
             f"policy.path {path!r} is not a TorchScript file ({type(exc).__name__})"
         ) from None
     return ObservationPolicy(module, path)
+
+
+def load_export_policy(path: str) -> nn.Module:
+    """A ``torch.export`` program (``torch.export.save``) from observation to action
+    (or to a dict with ``action`` and extras)."""
+    file = Path(path)
+    if not file.is_file():
+        raise PolicyError(f"policy.path {path!r} does not exist")
+    try:
+        program = torch.export.load(str(file))
+    except Exception as exc:
+        raise PolicyError(
+            f"policy.path {path!r} is not a torch.export program ({type(exc).__name__}): "
+            "save one with torch.export.save(torch.export.export(module, (obs,)), path)"
+        ) from None
+    return ObservationPolicy(program.module(), path)
 
 
 def load_state_dict(module: nn.Module, path: str) -> None:
@@ -329,6 +358,12 @@ def _base_policy(
         return RandomPolicy(action_space, device, seed)
     if isinstance(cfg, TorchScriptPolicyConfig):
         return load_torchscript_policy(cfg.path).to(device).eval()
+    if isinstance(cfg, ExportPolicyConfig):
+        return load_export_policy(cfg.path).to(device)
+    if isinstance(cfg, Sb3PolicyConfig):
+        from collect_cli import policies_sb3
+
+        return policies_sb3.build(cfg, obs_space, action_space, device, seed)
     if isinstance(cfg, PythonPolicyConfig):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from collect_cli import __version__, specs
+from collect_cli import __version__, provenance, specs
 from collect_cli.config import Settings
 from collect_cli.errors import ConfigError, DeviceError
 from collect_cli.stream import Stream, WriteBehind
@@ -238,6 +238,7 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
             "env_lanes": collector.lanes,
             **_stream_options(settings),
             "config": settings.config_yaml,
+            **provenance.metadata(settings.policy, settings.dataset),
             **settings.extra_metadata,  # e.g. "sweep": the sweep a shard belongs to
         }
         writer = make_writer(
@@ -302,6 +303,7 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
                     meta.get("observation_space"),
                 ),
                 ("action space", specs.describe(collector.action_space), meta.get("action_space")),
+                ("policy checkpoint", *_checkpoints(settings, meta)),
                 *(
                     (key, value, meta.get(key, value))
                     for key, value in _stream_options(settings).items()
@@ -315,7 +317,7 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
             raise ConfigError(
                 f"cannot resume {str(settings.out)!r}: its {', '.join(mismatch)} differ from this "
                 "config (use the same env, env.num_envs, collector.workers, split_trajs, "
-                "postproc, reset_when_done and env.info_keys)"
+                "postproc, reset_when_done, env.info_keys and policy checkpoint)"
             )
         if remaining == 0:
             writer.close("complete")
@@ -325,6 +327,15 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
         return _drive(collector, writer, settings, progress)
     finally:
         collector.shutdown()
+
+
+def _checkpoints(settings: Settings, meta: dict[str, Any]) -> tuple[Any, Any]:
+    """(this config's, the dataset's) checkpoint sha256; equal when the dataset has none."""
+    theirs = ((meta.get(provenance.PROVENANCE) or {}).get("checkpoint") or {}).get("sha256")
+    if theirs is None:
+        return None, None
+    ours = provenance.policy_provenance(settings.policy).get("checkpoint") or {}
+    return ours.get("sha256"), theirs
 
 
 # durability D12 (docs/durability.md)

@@ -26,7 +26,7 @@ LAYERS = [
     ),
     ("config", {"collect_cli.config"}),
     ("envs", {"collect_cli.envs", "collect_cli.exploration"}),
-    ("policies", {"collect_cli.policies"}),
+    ("policies", {"collect_cli.policies", "collect_cli.policies_sb3", "collect_cli.provenance"}),
     ("collectors", {"collect_cli.collectors"}),
     (
         "storage",  # the format on disk: one writer and one reader per backend

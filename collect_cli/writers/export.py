@@ -30,7 +30,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from collect_cli import __version__, specs
+from collect_cli import __version__, provenance, specs
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS
 from collect_cli.errors import DatasetError, OutputError, UsageError, WriteError
@@ -348,7 +348,7 @@ def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
             "incomplete": "dropped" if plan.dropped else INCOMPLETE_END["d4rl"],
             "episode_order": "lane, then time",
         }
-        for name, value in values.items():
+        for name, value in {**values, **provenance.d4rl_metadata(meta)}.items():
             if value is not None:
                 group.create_dataset(name, data=value)
 
@@ -469,6 +469,8 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
                 "incomplete_episodes": plan.incomplete,
                 "incomplete": "dropped" if plan.dropped else INCOMPLETE_END["minari"],
                 "episode_order": "lane, then time",
+                provenance.PROVENANCE: meta.get(provenance.PROVENANCE),
             },
+            **provenance.minari_metadata(meta),
         }
     )

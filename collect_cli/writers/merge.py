@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from collect_cli import __version__
+from collect_cli import __version__, provenance
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, FORMAT_VERSION, MASK, TRAJ, Rows, concat_rows
 from collect_cli.errors import MergeError, OutputError, WriteError
@@ -198,6 +198,7 @@ def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dic
         fmt.LANE_STEPS: [int(n) for s in shards for n in s.lane_steps],
         "merged": {"time": now(), "mode": "virtual" if virtual else "copy"},
         "shards": [_shard_entry(s, dest) for s in shards],
+        **provenance.merged([s.meta for s in shards]),
     }
     if len(sweeps) == 1 and "sweep" in first:
         sweep = first["sweep"]
@@ -215,6 +216,7 @@ def _shard_entry(shard: Shard, dest: Path) -> dict[str, Any]:
         "lanes": shard.lanes,
         "steps": shard.steps,
         "status": shard.meta["status"],
+        provenance.PROVENANCE: shard.meta.get(provenance.PROVENANCE),
         "lane_offset": shard.lane_offset,
         "traj_id_offset": shard.traj_offset,
         "sweep_job": sweep.get("job"),
