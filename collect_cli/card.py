@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from collect_cli.dataformat import EPISODES, MASK, OBSERVATION
-from collect_cli.report import DATASET_META, Stats
+from collect_cli.dataformat import DATASET, EPISODES, MASK, OBSERVATION
+from collect_cli.report import Stats
 from collect_cli.writers import open_dataset
 
 TASK = "reinforcement-learning"
@@ -50,7 +50,7 @@ def _tag(text: str) -> str:
 
 
 def front_matter(stats: Stats, meta: dict[str, Any], license_id: str | None) -> dict[str, Any]:
-    user = meta.get(DATASET_META) if isinstance(meta.get(DATASET_META), dict) else {}
+    user = meta.get(DATASET) if isinstance(meta.get(DATASET), dict) else {}
     tags = ["rlcollect", "offline-rl"]
     for value in (meta.get("env_id"), f"policy-{meta.get('policy')}", meta.get("backend")):
         if value and _tag(str(value)) not in tags:
@@ -124,7 +124,7 @@ def render_card(
     """The card's Markdown text for the dataset at ``path`` (``stats`` from report)."""
     ds = open_dataset(path)
     meta = ds.meta
-    user = meta.get(DATASET_META) if isinstance(meta.get(DATASET_META), dict) else {}
+    user = meta.get(DATASET) if isinstance(meta.get(DATASET), dict) else {}
     front = yaml.safe_dump(front_matter(stats, meta, license_id), sort_keys=False)
     title = f"{meta.get('env_id')}: {meta.get('policy')} policy, {stats.summary['frames']:,} frames"
     description = user.get(DESCRIPTION_META) or (

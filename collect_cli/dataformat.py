@@ -104,9 +104,16 @@ def concat_rows(parts: list[Rows]) -> Rows:
     return {name: np.concatenate([p[name] for p in parts]) for name in COLUMNS}
 
 
+# policy outputs rlcollect's own policies record beside ``action`` (policy=sb3)
+ACTION_LOG_PROB, VALUE, Q_VALUES = "action_log_prob", "value", "q_values"
+
 # -- metadata --------------------------------------------------------------------------
 REQUIRED_META = ("format_version", "status", "frames", "steps", "episodes", "lanes", "env_id")
 LANE_STEPS = "lane_steps"
+# where the data came from: the policy's checkpoint (name, size, sha256, algorithm...)
+# and the user's dataset.* fields, Minari's names (author, ref_min_score...)
+PROVENANCE, DATASET = "provenance", "dataset"
+REF_MIN, REF_MAX = "ref_min_score", "ref_max_score"
 
 
 def lane_steps(meta: dict) -> np.ndarray:

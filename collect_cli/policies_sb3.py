@@ -28,12 +28,10 @@ from torch import nn
 from torch.distributions import Distribution
 
 from collect_cli.config import Sb3PolicyConfig
+from collect_cli.dataformat import ACTION_LOG_PROB, Q_VALUES, VALUE
 from collect_cli.errors import PolicyError
 
 # policy extras recorded per frame (top-level keys, like "action")
-ACTION_LOG_PROB = "action_log_prob"
-VALUE = "value"
-Q_VALUES = "q_values"
 
 INSTALL_HINT = "pip install 'rlcollect[sb3]'"
 VECNORMALIZE_FILES = ("vecnormalize.pkl", "vec_normalize.pkl")

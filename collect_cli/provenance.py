@@ -22,12 +22,10 @@ from collect_cli.config import (
     Sb3PolicyConfig,
     TorchScriptPolicyConfig,
 )
+from collect_cli.dataformat import DATASET, PROVENANCE, REF_MAX, REF_MIN
 
 # metadata keys
-PROVENANCE = "provenance"  # {"policy", "checkpoint": {name, size, sha256}, "algorithm", ...}
-DATASET = "dataset"  # the user's dataset.* fields that are set
 NORMALIZED_SCORE = "normalized_score"  # info: D4RL-normalised mean return
-REF_MIN, REF_MAX = "ref_min_score", "ref_max_score"
 # dataset.* fields Minari's metadata has under the same names
 MINARI_FIELDS = ("author", "author_email", "code_permalink", "description", REF_MIN, REF_MAX)
 MINARI_SETS = ("author", "author_email")  # Minari holds these as sets of names
@@ -84,14 +82,22 @@ def metadata(policy: PolicyConfig, dataset: DatasetConfig) -> dict[str, Any]:
     return {PROVENANCE: policy_provenance(policy), DATASET: fields}
 
 
+def ref_scores(meta: dict[str, Any]) -> tuple[float, float] | None:
+    """The dataset's ``(ref_min_score, ref_max_score)``, None unless both are set."""
+    fields = meta.get(DATASET) or {}
+    low, high = fields.get(REF_MIN), fields.get(REF_MAX)
+    if low is None or high is None or high == low:
+        return None
+    return float(low), float(high)
+
+
 def normalized_score(meta: dict[str, Any], mean_return: float | None) -> float | None:
     """D4RL's normalised score ``100 * (R - min) / (max - min)`` with the dataset's
     reference scores; None without them or without a complete episode."""
-    fields = meta.get(DATASET) or {}
-    low, high = fields.get(REF_MIN), fields.get(REF_MAX)
-    if mean_return is None or low is None or high is None or high == low:
+    refs = ref_scores(meta)
+    if mean_return is None or refs is None:
         return None
-    return 100.0 * (mean_return - low) / (high - low)
+    return 100.0 * (mean_return - refs[0]) / (refs[1] - refs[0])
 
 
 def info_fields(meta: dict[str, Any], mean_return: float | None) -> dict[str, Any]:

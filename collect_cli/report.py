@@ -20,18 +20,15 @@ import numpy as np
 import yaml
 from gymnasium import spaces
 
+from collect_cli import dataformat as fmt
 from collect_cli import specs
 from collect_cli.dataformat import ACTION, COLUMNS, MASK, OBSERVATION, TRAJ
 from collect_cli.errors import DatasetError
+from collect_cli.provenance import normalized_score, ref_scores
 from collect_cli.writers import Dataset, open_dataset
 from collect_cli.writers.export import Source
 
 # metadata keys the report reads where the dataset has them
-DATASET_META = "dataset"  # the user's provenance (author, description, ref scores...)
-REF_MIN, REF_MAX = "ref_min_score", "ref_max_score"
-POLICY_PROVENANCE = "policy_provenance"
-LAYOUT_META = "observation_layout"
-CODEC_META = "codec"
 
 BLOCK_BYTES = 32 << 20  # frame bytes read per block, over all lanes and keys read
 SAMPLE_FRAMES = 20_000  # valid frames sampled for the per-dimension distributions
@@ -164,25 +161,10 @@ def provenance(meta: dict[str, Any]) -> dict[str, Any]:
     policy_cfg = _config(meta).get("policy")
     if isinstance(policy_cfg, dict):
         out.update({f"policy.{k}": v for k, v in policy_cfg.items() if v not in (None, "", [])})
-    for source in (meta.get(POLICY_PROVENANCE), meta.get(DATASET_META)):
+    for source in (meta.get(fmt.PROVENANCE), meta.get(fmt.DATASET)):
         if isinstance(source, dict):
             out.update({k: v for k, v in source.items() if v not in (None, "", [])})
     return out
-
-
-def ref_scores(meta: dict[str, Any]) -> tuple[float, float] | None:
-    """``(ref_min_score, ref_max_score)`` when both are recorded, else None."""
-    found = {}
-    for where in (meta.get(DATASET_META), meta):
-        if isinstance(where, dict):
-            for key in (REF_MIN, REF_MAX):
-                if where.get(key) is not None and key not in found:
-                    found[key] = where[key]
-    try:
-        low, high = float(found[REF_MIN]), float(found[REF_MAX])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return (low, high) if high != low else None
 
 
 def disk_bytes(path: Path) -> int:
@@ -195,7 +177,7 @@ def summary(ds: Dataset, rows, ret, obs_space, act_space) -> dict[str, Any]:
     meta = ds.meta
     config = _config(meta)
     writer = config.get("writer") if isinstance(config.get("writer"), dict) else {}
-    codec = meta.get(CODEC_META) or writer.get("compression")
+    codec = writer.get("compression")  # the HDF5 filter the run's config named
     if ds.backend == "memmap":
         codec = codec or "none (raw memory-mapped files)"
     complete = int(rows["complete"].sum())
@@ -218,7 +200,7 @@ def summary(ds: Dataset, rows, ret, obs_space, act_space) -> dict[str, Any]:
         out[f"return {stat}"] = ret[stat] if ret else None
     refs = ref_scores(meta)
     if refs and ret:
-        out["normalised score"] = 100.0 * (ret["mean"] - refs[0]) / (refs[1] - refs[0])
+        out["normalised score"] = normalized_score(meta, ret["mean"])
         out["reference scores"] = f"{refs[0]:g} .. {refs[1]:g}"
     out["bytes on disk"] = disk_bytes(ds.path)
     merged = meta.get("merged") if isinstance(meta.get("merged"), dict) else {}
@@ -226,7 +208,7 @@ def summary(ds: Dataset, rows, ret, obs_space, act_space) -> dict[str, Any]:
         shards = [ds.path.parent / s["path"] for s in meta.get("shards") or []]
         out["bytes on disk"] += sum(disk_bytes(p) for p in shards if p.exists())
     out["backend"] = ds.backend
-    out["layout"] = meta.get(LAYOUT_META) or "full"
+    out["layout"] = "full"  # next/observation stored whole: the one layout written today
     out["codec"] = codec or "none"
     if meta.get("shards"):
         out["merged from"] = f"{len(meta['shards'])} shards"

@@ -55,8 +55,6 @@ FENCE = re.compile(r"^```(.*)$")
 RUN_PY = (  # python -c: run each block file in a fresh namespace
     "import runpy, sys\nfor file in sys.argv[1:]:\n    runpy.run_path(file, run_name='__main__')"
 )
-# linked from README, written on other branches (policies, report/card)
-PENDING_LINKS = {"docs/policies.md"}
 
 
 @dataclass
@@ -186,8 +184,6 @@ def test_relative_links_resolve(path):
         if re.match(r"[a-z]+:", target):
             continue  # a URL
         resolved = (path.parent / target).resolve()
-        if str(resolved.relative_to(ROOT)) in PENDING_LINKS:
-            continue
         assert resolved.exists(), f"{path.name}: broken link {target}"
 
 

@@ -18,8 +18,9 @@ import torch
 import yaml
 
 from collect_cli import config, policies, provenance
+from collect_cli.dataformat import ACTION_LOG_PROB, Q_VALUES, VALUE
 from collect_cli.errors import PolicyError
-from collect_cli.policies_sb3 import ACTION_LOG_PROB, Q_VALUES, VALUE, resolve
+from collect_cli.policies_sb3 import resolve
 from collect_cli.run import run
 from tests.conftest import run_cli
 
