@@ -18,7 +18,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# version 1 (before 2026-12): the dataset's own cuts carried no next/done flag
+READABLE_VERSIONS = (1, 2)
+FLAGGED_CUTS_SINCE = 2
 
 # the name a dataset of each backend gets by default: an .h5 file or a directory
 SUFFIXES = {"hdf5": ".h5", "memmap": ""}

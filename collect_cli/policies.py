@@ -255,18 +255,18 @@ def load_torchscript_policy(path: str) -> nn.Module:
     file = Path(path)
     if not file.is_file():
         raise PolicyError(f"policy.path {path!r} does not exist")
-    if not _torchscript_noted:
-        _torchscript_noted = True
-        log.warning(
-            "TorchScript is deprecated upstream (torch 2.13): save the policy with "
-            "torch.export and use policy=export"
-        )
     try:
         module = torch.jit.load(str(file), map_location="cpu")
     except Exception as exc:
         raise PolicyError(
             f"policy.path {path!r} is not a TorchScript file ({type(exc).__name__})"
         ) from None
+    if not _torchscript_noted:  # after the load: a usage error stays one line
+        _torchscript_noted = True
+        log.warning(
+            "TorchScript is deprecated upstream (torch 2.13): save the policy with "
+            "torch.export and use policy=export"
+        )
     return ObservationPolicy(module, path)
 
 

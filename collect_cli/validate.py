@@ -40,8 +40,11 @@ def _problems(path: str | Path, notes: list[str]) -> list[str]:
     problems = [f"metadata lacks {key!r}" for key in META_KEYS if key not in meta]
     if problems:
         return problems
-    if meta["format_version"] != FORMAT_VERSION:
-        problems.append(f"format_version {meta['format_version']} (expected {FORMAT_VERSION})")
+    if meta["format_version"] not in fmt.READABLE_VERSIONS:
+        problems.append(
+            f"format_version {meta['format_version']} (expected one of "
+            f"{', '.join(map(str, fmt.READABLE_VERSIONS))}; this rlcollect writes {FORMAT_VERSION})"
+        )
     if meta["status"] not in STATUSES:
         problems.append(f"status {meta['status']!r} is not one of {', '.join(STATUSES)}")
     if meta["frames"] == 0 and MASK not in arrays:
@@ -158,6 +161,7 @@ def _frames_and_episodes(ds, meta: dict, notes: list[str]) -> list[str]:
     # the dataset's own cuts end with next/truncated and next/done, like an env's
     flagged = trunc & done
     unflagged = ~complete & ~flagged[end_lane, end_time] & meta.get("reset_when_done", True)
+    unflagged &= meta["format_version"] >= fmt.FLAGGED_CUTS_SINCE
     missing = np.setdiff1d(unique, ep["traj_id"])
     if meta["status"] == fmt.RUNNING:
         # a killed run has not yet recorded (nor flagged) the trajectory of each lane

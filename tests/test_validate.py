@@ -87,3 +87,45 @@ def test_episode_table_mismatch_fails(dataset, backend):
 def test_missing_path_is_usage_error(cli, tmp_path):
     res = cli("validate", str(tmp_path / "nope.h5"))
     assert res.code == 2 and "no dataset" in res.stderr
+
+
+def unflag_cuts(dataset, backend, version: int) -> int:
+    """Clear next/done and next/truncated at the end of the cut trajectories, as
+    rlcollect wrote them before format version 2, and record ``version``."""
+    from tensordict import TensorDict
+
+    if backend == "hdf5":
+        f = h5py.File(dataset, "r+")
+        ep = {k: f[f"episodes/{k}"][()] for k in ("lane", "start", "length", "complete")}
+        done, trunc = f["next/done"], f["next/truncated"]
+    else:
+        td = TensorDict.load_memmap(dataset)
+        ep = {k: td["episodes", k].numpy() for k in ("lane", "start", "length", "complete")}
+        done, trunc = td["next", "done"], td["next", "truncated"]
+    cut = np.flatnonzero(~ep["complete"])
+    for row in cut:
+        lane, last = int(ep["lane"][row]), int(ep["start"][row] + ep["length"][row] - 1)
+        assert bool(trunc[lane, last, 0]) and bool(done[lane, last, 0])  # flagged as written
+        done[lane, last, 0] = False
+        trunc[lane, last, 0] = False
+    if backend == "hdf5":
+        f.attrs["format_version"] = version
+        f.close()
+    else:
+        meta_file = dataset / "rlcollect.json"
+        meta = json.loads(meta_file.read_text())
+        meta_file.write_text(json.dumps({**meta, "format_version": version}))
+    return len(cut)
+
+
+def test_unflagged_cuts_fail_from_format_version_2(dataset, backend):
+    """Every trajectory the dataset cut ends with next/truncated and next/done;
+    datasets of format version 1, written before that rule, are read as sound."""
+    assert unflag_cuts(dataset, backend, 2) > 0
+    problems = validate(dataset)
+    assert any("cut by the dataset end without next/truncated" in p for p in problems), problems
+
+
+def test_format_version_1_datasets_keep_their_rules(dataset, backend):
+    assert unflag_cuts(dataset, backend, 1) > 0
+    assert validate(dataset) == []

@@ -32,7 +32,7 @@ import numpy as np
 
 from collect_cli import __version__, provenance
 from collect_cli import dataformat as fmt
-from collect_cli.dataformat import COLUMNS, FORMAT_VERSION, MASK, TRAJ, Rows, concat_rows
+from collect_cli.dataformat import COLUMNS, MASK, TRAJ, Rows, concat_rows
 from collect_cli.errors import MergeError, OutputError, WriteError
 from collect_cli.writers import BACKENDS, Dataset, open_dataset
 from collect_cli.writers import backend as backend_module
@@ -174,7 +174,8 @@ def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dic
 
     sweeps = {json.dumps(s.meta.get("sweep", {}).get("id")) for s in shards}
     meta: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
+        # the oldest shard's rules hold for the whole (version 1: cuts unflagged)
+        "format_version": min(int(s.meta["format_version"]) for s in shards),
         "backend": shards[0].ds.backend,
         "status": "complete"
         if all(s.meta["status"] == "complete" for s in shards)

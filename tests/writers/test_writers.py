@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from collect_cli.collectors import SyncCollector
+from collect_cli.dataformat import FORMAT_VERSION
 from collect_cli.envs import env_factory
 from collect_cli.errors import OutputError
 from collect_cli.writers import check_output, make_writer, open_dataset
@@ -76,7 +77,7 @@ def test_metadata_and_status(tmp_path, backend, batches):
     meta = open_dataset(path).meta
     assert meta["status"] == "interrupted"
     assert meta["frames"] == 2 * batches[0].numel()
-    assert meta["env_id"] == "X" and meta["format_version"] == 1
+    assert meta["env_id"] == "X" and meta["format_version"] == FORMAT_VERSION == 2
     assert meta["start_time"] and meta["end_time"]
 
 
