@@ -323,6 +323,16 @@ class PolicyFactory:
         return build_policy(self.cfg, obs_space, action_space, torch.device(self.device), self.seed)
 
 
+def env_wrappers(cfg: PolicyConfig) -> tuple[tuple[str, dict], ...]:
+    """The env wrappers the policy was trained inside (an RL Zoo run's ``env_wrapper``),
+    to apply around each env so that it sees what it saw in training."""
+    if isinstance(cfg, Sb3PolicyConfig):
+        from collect_cli import policies_sb3
+
+        return policies_sb3.resolve(cfg).env_wrappers
+    return ()
+
+
 def build_policy(
     cfg: PolicyConfig,
     obs_space: spaces.Space,

@@ -38,7 +38,7 @@ VECNORMALIZE_FILES = ("vecnormalize.pkl", "vec_normalize.pkl")
 ZOO_CONFIG, ZOO_ARGS = "config.yml", "args.yml"
 ZOO_BEST = "best_model.zip"
 # hyperparameters of an RL Zoo config.yml that change what the policy observes
-ZOO_WRAPPER_KEYS = ("env_wrapper", "vec_env_wrapper")
+ZOO_ENV_WRAPPER, ZOO_VEC_WRAPPER = "env_wrapper", "vec_env_wrapper"
 
 # canonical algorithm class names, by their lower-case name and RL Zoo folder name
 ALGOS = {
@@ -86,14 +86,16 @@ class Sb3Source:
     algo: str  # the class name: PPO, SAC, QRDQN...
     vecnormalize: Path | None
     zoo_folder: Path | None = None
+    # the zoo's env_wrapper entries, applied to each env: ("module.Class", kwargs)
+    env_wrappers: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 def resolve(cfg: Sb3PolicyConfig) -> Sb3Source:
     """The model file, VecNormalize file and algorithm ``cfg`` names (PolicyError if none)."""
     path = Path(cfg.path)
-    zoo_algo = None
+    zoo_algo, wrappers = None, ()
     if path.is_dir():
-        model, beside, zoo_algo = _zoo_files(path, cfg.checkpoint)
+        model, beside, zoo_algo, wrappers = _zoo_files(path, cfg.checkpoint)
     elif path.is_file():
         if cfg.checkpoint is not None:
             raise PolicyError(
@@ -114,7 +116,7 @@ def resolve(cfg: Sb3PolicyConfig) -> Sb3Source:
         if not vecnormalize.is_file():
             raise PolicyError(f"policy.vecnormalize {cfg.vecnormalize!r} does not exist")
     algo = canonical_algo(cfg.algo) if cfg.algo else zoo_algo or algo_from_zip(model)
-    return Sb3Source(model, algo, vecnormalize, path if path.is_dir() else None)
+    return Sb3Source(model, algo, vecnormalize, path if path.is_dir() else None, wrappers)
 
 
 def canonical_algo(name: str) -> str:
@@ -151,8 +153,9 @@ def algo_from_zip(model: Path) -> str:
     )
 
 
-def _zoo_files(folder: Path, checkpoint: str | None) -> tuple[Path, Path | None, str | None]:
-    """(model, VecNormalize file, algorithm) of an RL Zoo run folder ``logs/<algo>/<env>_<n>``."""
+def _zoo_files(folder: Path, checkpoint: str | None) -> tuple[Path, Path | None, str | None, Any]:
+    """(model, VecNormalize file, algorithm, env wrappers) of an RL Zoo run folder
+    ``logs/<algo>/<env>_<n>``."""
     configs = sorted(p.parent for p in folder.glob(f"*/{ZOO_CONFIG}"))
     if len(configs) != 1:
         raise PolicyError(
@@ -162,7 +165,7 @@ def _zoo_files(folder: Path, checkpoint: str | None) -> tuple[Path, Path | None,
     params = configs[0]
     env_name = params.name
     hyper = read_zoo_yaml(params / ZOO_CONFIG)
-    _refuse_zoo_wrappers(folder, hyper)
+    wrappers = _zoo_wrappers(folder, hyper)
     args = read_zoo_yaml(params / ZOO_ARGS) if (params / ZOO_ARGS).is_file() else {}
     stats = params / VECNORMALIZE_FILES[0]
     vecnormalize = stats if stats.is_file() else None
@@ -188,26 +191,36 @@ def _zoo_files(folder: Path, checkpoint: str | None) -> tuple[Path, Path | None,
             f"{params.name}/{VECNORMALIZE_FILES[0]}: give it as policy.vecnormalize=PATH"
         )
     algo = args.get("algo") or folder.parent.name
-    return model, vecnormalize, canonical_algo(str(algo)) if algo else None
+    return model, vecnormalize, canonical_algo(str(algo)) if algo else None, wrappers
 
 
-def _refuse_zoo_wrappers(folder: Path, hyper: dict[str, Any]) -> None:
-    """Wrappers change what the policy observes; rlcollect cannot apply the zoo's own."""
-    for key in ZOO_WRAPPER_KEYS:
-        value = hyper.get(key)
-        if not value:
-            continue
-        items = value if isinstance(value, list) else [value]
-        names = [next(iter(w)) if isinstance(w, dict) else str(w) for w in items]
+def _zoo_wrappers(folder: Path, hyper: dict[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """The zoo's ``env_wrapper`` entries as ``("module.Class", kwargs)``, applied to each
+    env as the zoo does; the wrappers rlcollect cannot apply (vectorised ones, frame
+    stacking) refuse the run: the policy would see other observations."""
+    value = hyper.get(ZOO_VEC_WRAPPER)
+    if value:
+        names = [next(iter(w)) if isinstance(w, dict) else str(w) for w in _entries(value)]
         raise PolicyError(
-            f"RL Zoo folder {str(folder)!r} was trained with {key} {', '.join(names)}, which "
-            "rlcollect cannot apply to its envs: the policy would see other observations"
+            f"RL Zoo folder {str(folder)!r} was trained with {ZOO_VEC_WRAPPER} "
+            f"{', '.join(names)}, which rlcollect cannot apply to its envs: the policy "
+            "would see other observations"
         )
+    wrappers = []
+    for entry in _entries(hyper.get(ZOO_ENV_WRAPPER)):
+        name, kwargs = next(iter(entry.items())) if isinstance(entry, dict) else (entry, {})
+        wrappers.append((str(name), dict(kwargs or {})))
     if int(hyper.get("frame_stack") or 0) > 1:
         raise PolicyError(
             f"RL Zoo folder {str(folder)!r} was trained with frame_stack="
             f"{hyper['frame_stack']} (VecFrameStack), which rlcollect cannot apply to its envs"
         )
+    return tuple(wrappers)
+
+
+def _entries(value: Any) -> list[Any]:
+    """A zoo wrapper setting (one entry or a list of them) as a list."""
+    return [] if not value else value if isinstance(value, list) else [value]
 
 
 class _ZooLoader(yaml.SafeLoader):

@@ -126,7 +126,7 @@ def build_collector(
     from collect_cli import collectors
     from collect_cli.collectors import derive_seeds
     from collect_cli.envs import env_factory
-    from collect_cli.policies import PolicyFactory
+    from collect_cli.policies import PolicyFactory, env_wrappers
 
     env_cfg, coll = settings.env, settings.collector
     make_env = env_factory(
@@ -136,6 +136,7 @@ def build_collector(
         env_cfg.kwargs,
         env_cfg.info_keys,
         device=str(device),
+        wrappers=env_wrappers(settings.policy),
     )
     policy = PolicyFactory(settings.policy, str(device), derive_seeds(settings.seed, 1, 2)[0])
     common = {

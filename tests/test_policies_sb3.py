@@ -19,7 +19,7 @@ import yaml
 
 from collect_cli import config, policies, provenance
 from collect_cli.dataformat import ACTION_LOG_PROB, Q_VALUES, VALUE
-from collect_cli.errors import PolicyError
+from collect_cli.errors import PolicyError, UsageError
 from collect_cli.policies_sb3 import resolve
 from collect_cli.run import run
 from tests.conftest import run_cli
@@ -266,12 +266,56 @@ def test_rl_zoo_folder_checkpoints(models, tmp_path):
         resolve(config.Sb3PolicyConfig(path=str(folder), checkpoint="5"))
 
 
-def test_rl_zoo_wrappers_and_python_tags_are_refused(models, tmp_path):
-    wrapped = zoo_folder(
-        tmp_path / "a", models, {"env_wrapper": ["sb3_contrib.common.wrappers.TimeFeatureWrapper"]}
+TIME_FEATURE = "sb3_contrib.common.wrappers.TimeFeatureWrapper"
+
+
+def test_rl_zoo_env_wrapper_is_applied_around_each_env(tmp_path):
+    """A zoo run trained inside TimeFeatureWrapper: the envs get the same wrapper, so
+    the recorded observation is the one the model saw (the time feature appended)."""
+    from sb3_contrib.common.wrappers import TimeFeatureWrapper
+    from stable_baselines3 import SAC
+
+    sac = SAC(
+        "MlpPolicy",
+        TimeFeatureWrapper(gym.make("Pendulum-v1")),
+        learning_starts=16,
+        batch_size=16,
+        seed=0,
+        policy_kwargs=dict(SMALL),
+        device="cpu",
     )
-    with pytest.raises(PolicyError, match=r"env_wrapper sb3_contrib\.common\.wrappers\.TimeFeat"):
-        resolve(config.Sb3PolicyConfig(path=str(wrapped)))
+    sac.learn(32)
+    folder = tmp_path / "logs" / "sac" / "Pendulum-v1_1"
+    (folder / "Pendulum-v1").mkdir(parents=True)
+    sac.save(folder / "Pendulum-v1.zip")
+    hyper = OrderedDict([("env_wrapper", [{TIME_FEATURE: {"max_steps": 200}}]), ("policy", "Mlp")])
+    (folder / "Pendulum-v1" / "config.yml").write_text(yaml.dump(hyper))
+    (folder / "Pendulum-v1" / "args.yml").write_text(yaml.dump(OrderedDict([("algo", "sac")])))
+
+    path = collect(tmp_path, "tf", "env=Pendulum", "policy=sb3", f"policy.path={folder}")
+    obs, action = frames(path, "observation", "action")
+    with h5py.File(path) as f:
+        first = f["observation"][:, 0]
+    assert obs.shape[1] == 4 and np.allclose(first[:, 3], 1.0)  # 1 - t / max_steps at t=0
+    want, _ = SAC.load(folder / "Pendulum-v1.zip", device="cpu").predict(obs, deterministic=True)
+    np.testing.assert_allclose(action, want, atol=1e-5)
+    with pytest.raises(UsageError, match=r"use env\.backend=gymnasium, not native"):
+        collect(tmp_path, "n", "env=Pendulum", "env.backend=native", "policy=sb3",
+                f"policy.path={folder}")  # fmt: skip
+
+
+def test_rl_zoo_wrappers_and_python_tags_are_refused(models, tmp_path):
+    vectorised = zoo_folder(tmp_path / "a", models, {"vec_env_wrapper": [TIME_FEATURE]})
+    with pytest.raises(PolicyError, match=r"vec_env_wrapper sb3_contrib\.common\.wrappers"):
+        resolve(config.Sb3PolicyConfig(path=str(vectorised)))
+    unknown = zoo_folder(tmp_path / "d", models, {"env_wrapper": "nowhere.Wrapper"})
+    res = run_cli(
+        "run", "env=CartPole", "policy=sb3", f"policy.path={unknown}", "total_frames=64",
+        f"out={tmp_path / 'u.h5'}", "progress=none", cwd=tmp_path,
+    )  # fmt: skip
+    assert res.code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "env wrapper 'nowhere.Wrapper' cannot be imported" in res.stderr
+    assert not (tmp_path / "u.h5").exists()
     stacked = zoo_folder(tmp_path / "b", models, {"frame_stack": 4})
     with pytest.raises(PolicyError, match="frame_stack=4"):
         resolve(config.Sb3PolicyConfig(path=str(stacked)))

@@ -22,13 +22,14 @@ class EnvFactory:
     kwargs: dict[str, Any] = field(default_factory=dict)
     info_keys: tuple[str, ...] = ()
     device: str = "cpu"  # where env.backend=native runs (the others ignore it)
+    wrappers: tuple[tuple[str, dict[str, Any]], ...] = ()  # gymnasium: around each env
 
     def __call__(self) -> VecEnv:
         if self.backend == "gymnasium":
             from collect_cli.envs.gymnasium import GymnasiumVecEnv
 
             return GymnasiumVecEnv(
-                self.env_id, self.num_envs, dict(self.kwargs), tuple(self.info_keys)
+                self.env_id, self.num_envs, dict(self.kwargs), tuple(self.info_keys), self.wrappers
             )
         if self.backend == "envpool":
             from collect_cli.envs.envpool import EnvpoolVecEnv
@@ -52,12 +53,28 @@ def env_factory(
     kwargs: dict[str, Any] | None = None,
     info_keys: tuple[str, ...] | list[str] = (),
     device: str = "cpu",
+    wrappers: tuple[tuple[str, dict[str, Any]], ...] = (),
 ) -> EnvFactory:
     """The constructor of ``num_envs`` lanes of ``env_id`` on ``backend``.
 
     ``info_keys``: numeric entries of the env's step ``info`` to record under ``info/``.
     ``device``: where ``backend="native"`` envs run (``cpu``, ``cuda:N``).
+    ``wrappers``: ``("module.Class", kwargs)`` gymnasium wrappers around each env
+    (an RL Zoo run's ``env_wrapper``), innermost first; gymnasium backend only.
     """
     if backend not in BACKENDS:
         raise UsageError(f"unknown env.backend {backend!r}: choose from {', '.join(BACKENDS)}")
-    return EnvFactory(env_id, num_envs, backend, dict(kwargs or {}), tuple(info_keys), str(device))
+    if wrappers and backend != "gymnasium":
+        raise UsageError(
+            f"env wrapper {wrappers[0][0]} (the policy's RL Zoo env_wrapper) wraps gymnasium "
+            f"envs: use env.backend=gymnasium, not {backend}"
+        )
+    return EnvFactory(
+        env_id,
+        num_envs,
+        backend,
+        dict(kwargs or {}),
+        tuple(info_keys),
+        str(device),
+        tuple((path, dict(kw)) for path, kw in wrappers),
+    )

@@ -12,6 +12,7 @@ while this loop writes each lane's results straight into the step's arrays.
 from __future__ import annotations
 
 import difflib
+import importlib
 from typing import Any
 
 import gymnasium as gym
@@ -20,6 +21,8 @@ import numpy as np
 from collect_cli import specs
 from collect_cli.envs.base import StepResult, VecEnv
 from collect_cli.errors import CollectionError, UsageError
+
+Wrappers = tuple[tuple[str, dict[str, Any]], ...]  # ("module.Class", kwargs), innermost first
 
 
 def _unknown_env(env_id: str, exc: Exception) -> UsageError:
@@ -43,6 +46,24 @@ def make_single(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
         raise UsageError(f"env.kwargs rejected by {env_id}: {_one_line(exc)}") from None
 
 
+def wrap(env: gym.Env, wrappers: Wrappers) -> gym.Env:
+    """``env`` inside each ``("module.Class", kwargs)`` wrapper in turn (the first
+    innermost), as RL Zoo applies a run's ``env_wrapper`` entries."""
+    for path, kwargs in wrappers:
+        module, _, name = path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise UsageError(
+                f"env wrapper {path!r} cannot be imported ({_one_line(exc)})"
+            ) from None
+        try:
+            env = cls(env, **kwargs)
+        except Exception as exc:
+            raise UsageError(f"env wrapper {path} rejected the env: {_one_line(exc)}") from None
+    return env
+
+
 class GymnasiumVecEnv(VecEnv):
     def __init__(
         self,
@@ -50,10 +71,11 @@ class GymnasiumVecEnv(VecEnv):
         num_envs: int,
         kwargs: dict[str, Any] | None = None,
         info_keys: tuple[str, ...] = (),
+        wrappers: Wrappers = (),
     ):
         kwargs = dict(kwargs or {})
-        first = make_single(env_id, kwargs)
-        self._envs = [first] + [make_single(env_id, kwargs) for _ in range(num_envs - 1)]
+        self._envs = [wrap(make_single(env_id, kwargs), wrappers) for _ in range(num_envs)]
+        first = self._envs[0]
         self.env_id = env_id
         self.num_envs = num_envs
         self.observation_space = first.observation_space
