@@ -24,7 +24,6 @@ from tensordict import TensorDict
 
 from collect_cli import config
 from collect_cli.policies import build_policy
-from collect_cli.run import run
 
 sys.path.insert(0, str(Path(__file__).parent))
 import contenders
@@ -65,24 +64,18 @@ def rlcollect(
     *extra: str,
 ) -> float:
     """A full ``rlcollect run``: collector, episodes table, writer, commits."""
-    settings = config.load(
-        config.compose(
-            [
-                f"env={env}",
-                f"collector={collector}",
-                f"env.num_envs={num_envs}",
-                f"policy={policy}",
-                f"writer={writer}",
-                f"total_frames={frames}",
-                f"out={out}",
-                "overwrite=true",
-                "progress=none",
-                *extra,
-            ]
-        )
+    return record.run_frames_per_s(
+        [
+            f"env={env}",
+            f"collector={collector}",
+            f"env.num_envs={num_envs}",
+            f"policy={policy}",
+            f"writer={writer}",
+            f"total_frames={frames}",
+            f"out={out}",
+            *extra,
+        ]
     )
-    result = run(settings)
-    return result.frames / result.seconds
 
 
 def main() -> None:

@@ -24,28 +24,21 @@ import h5py
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 
-from collect_cli import config
-from collect_cli.run import run
+import record
 
 
 def one_run(size: int, compression: str, frames: int, num_envs: int, out: Path) -> float:
-    settings = config.load(
-        config.compose(
-            [
-                "env=gym",
-                "env.id=pixelenvs:Pixels-v0",
-                f"+env.kwargs.size={size}",
-                f"env.num_envs={num_envs}",
-                f"writer.compression={compression}",
-                f"total_frames={frames}",
-                f"out={out}",
-                "overwrite=true",
-                "progress=none",
-            ]
-        )
+    return record.run_frames_per_s(
+        [
+            "env=gym",
+            "env.id=pixelenvs:Pixels-v0",
+            f"+env.kwargs.size={size}",
+            f"env.num_envs={num_envs}",
+            f"writer.compression={compression}",
+            f"total_frames={frames}",
+            f"out={out}",
+        ]
     )
-    result = run(settings)
-    return result.frames / result.seconds
 
 
 def collect(size: int, frames: int, num_envs: int) -> list:

@@ -24,9 +24,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from collect_cli import config
-from collect_cli.run import run
-
 sys.path.insert(0, str(Path(__file__).parent))
 import record
 
@@ -73,25 +70,19 @@ def bare_loop(env_id: str, algo: str, path: Path, num_envs: int, frames: int) ->
 
 def rlcollect(preset: str, path: Path, num_envs: int, frames: int, out: Path, *extra: str) -> float:
     """``rlcollect run env=<preset> policy=sb3 policy.path=<zip>``, in this process."""
-    settings = config.load(
-        config.compose(
-            [
-                f"env={preset}",
-                f"env.num_envs={num_envs}",
-                "policy=sb3",
-                f"policy.path={path}",
-                "collector=sync",
-                "writer=hdf5",
-                f"total_frames={frames}",
-                f"out={out}",
-                "overwrite=true",
-                "progress=none",
-                *extra,
-            ]
-        )
+    return record.run_frames_per_s(
+        [
+            f"env={preset}",
+            f"env.num_envs={num_envs}",
+            "policy=sb3",
+            f"policy.path={path}",
+            "collector=sync",
+            "writer=hdf5",
+            f"total_frames={frames}",
+            f"out={out}",
+            *extra,
+        ]
     )
-    result = run(settings)
-    return result.frames / result.seconds
 
 
 def main() -> None:

@@ -47,3 +47,13 @@ def append(lines: list[str]) -> None:
             fh.write("# Benchmark results\n\nAppended by `make bench`; figures as measured.\n")
         fh.write("\n".join(lines) + "\n")
     print(f"recorded in {RESULTS}")
+
+
+def run_frames_per_s(overrides: list[str]) -> float:
+    """Frames per second of a whole ``rlcollect run OVERRIDES`` in this process
+    (collector, episodes table, writer, commits), progress off, ``out`` replaced."""
+    from collect_cli import config
+    from collect_cli.run import run
+
+    result = run(config.load(config.compose([*overrides, "overwrite=true", "progress=none"])))
+    return result.frames / result.seconds

@@ -181,25 +181,16 @@ def _guarded(fn, debug: bool) -> int:
 
 
 def _info_dict(path: Path) -> dict[str, Any]:
-    import numpy as np
-
     from collect_cli import provenance
+    from collect_cli.dataformat import return_stats
     from collect_cli.writers import open_dataset
 
     ds = open_dataset(path)
     meta = ds.meta
     episodes = ds.episodes()
     count = int(meta.get("episodes", len(episodes["traj_id"])))
-    complete = episodes["complete"][:count]
-    returns = episodes["return"][:count][complete]
-    stats = None
-    if len(returns):
-        stats = {
-            "mean": float(np.mean(returns)),
-            "std": float(np.std(returns)),
-            "min": float(np.min(returns)),
-            "max": float(np.max(returns)),
-        }
+    rows = {k: v[:count] for k, v in episodes.items()}
+    stats = return_stats(rows)
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     return {
         "path": str(path),
@@ -212,7 +203,7 @@ def _info_dict(path: Path) -> dict[str, Any]:
         "lanes": meta.get("lanes"),
         "steps": meta.get("steps"),
         "episodes": count,
-        "complete_episodes": int(complete.sum()),
+        "complete_episodes": int(rows["complete"].sum()),
         "return": stats,
         "keys": [{"key": k, "shape": list(s), "dtype": d} for k, s, d in ds.describe()],
         "size_bytes": sum(f.stat().st_blocks * 512 for f in files),

@@ -110,6 +110,20 @@ def concat_rows(parts: list[Rows]) -> Rows:
 # policy outputs rlcollect's own policies record beside ``action`` (policy=sb3)
 ACTION_LOG_PROB, VALUE, Q_VALUES = "action_log_prob", "value", "q_values"
 
+
+def return_stats(rows: Rows) -> dict[str, float] | None:
+    """Mean, std, min and max return of the complete episodes; None without one."""
+    returns = np.asarray(rows["return"], np.float64)[np.asarray(rows["complete"], bool)]
+    if not len(returns):
+        return None
+    return {
+        "mean": float(np.mean(returns)),
+        "std": float(np.std(returns)),
+        "min": float(np.min(returns)),
+        "max": float(np.max(returns)),
+    }
+
+
 # -- metadata --------------------------------------------------------------------------
 REQUIRED_META = ("format_version", "status", "frames", "steps", "episodes", "lanes", "env_id")
 LANE_STEPS = "lane_steps"

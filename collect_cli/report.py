@@ -92,14 +92,7 @@ def _stats(ds: Dataset) -> Stats:
     complete = rows["complete"].astype(bool)
     returns = rows["return"][complete].astype(np.float64)
     lengths = rows["length"][complete]
-    ret = None
-    if len(returns):
-        ret = {
-            "mean": float(np.mean(returns)),
-            "std": float(np.std(returns)),
-            "min": float(np.min(returns)),
-            "max": float(np.max(returns)),
-        }
+    ret = fmt.return_stats(rows)
     notes = []
     status = meta.get("status")
     if status != "complete":
