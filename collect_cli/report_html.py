@@ -22,10 +22,9 @@ import numpy as np
 
 from collect_cli import __version__
 from collect_cli.dataformat import ACTION, OBSERVATION
-from collect_cli.errors import OutputError, UsageError, WriteError
+from collect_cli.errors import UsageError, WriteError
 from collect_cli.report import MAX_DIMS, Stats
-from collect_cli.writers import check_output
-from collect_cli.writers.base import publish, remove_output
+from collect_cli.writers.base import check_destination, publish, remove_output
 
 MATPLOTLIB_INSTALL = "pip install 'rlcollect[report]'"
 DPI = 100
@@ -403,22 +402,16 @@ def render_html(stats: list[Stats]) -> str:
 
 
 def check_out(out: Path, inputs: list[Path], overwrite: bool, as_dir: bool) -> None:
-    """Refuse an ``--out`` that is a dataset being read, or exists without ``--overwrite``."""
-    dst = out.resolve()
-    for src in inputs:
-        src = src.resolve()
-        if dst == src or src in dst.parents or dst in src.parents:
-            raise UsageError(f"--out {str(out)!r} overlaps the dataset {str(src)!r}")
-    if out.exists() or out.is_symlink():
-        if not overwrite:
-            raise OutputError(
-                f"output {str(out)!r} already exists: pass --overwrite or another --out"
-            )
-        if as_dir and not (out.is_dir() and all(p.suffix == ".png" for p in out.iterdir())):
-            raise OutputError(f"output {str(out)!r} is not a folder of PNG files: not replacing it")
-        if not as_dir and not out.is_file():
-            raise OutputError(f"output {str(out)!r} exists and is not a file: not replacing it")
-    check_output(out, overwrite=True)  # the nearest existing parent is writable
+    """Refuse an ``--out`` that is a dataset being read, exists without ``--overwrite``,
+    or is not what the report would replace (a page, or a folder of PNG files)."""
+    if not as_dir:
+        check_destination(out, inputs, overwrite, "a file", Path.is_file)
+        return
+
+    def png_folder(path: Path) -> bool:
+        return path.is_dir() and all(p.suffix == ".png" for p in path.iterdir())
+
+    check_destination(out, inputs, overwrite, "a folder of PNG files", png_folder)
 
 
 def write_atomic(out: Path, files: dict[str, bytes] | bytes) -> None:

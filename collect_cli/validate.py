@@ -6,6 +6,7 @@ reads the arrays it checks into memory; the checks are vectorised.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,7 @@ def _frames_and_episodes(ds, meta: dict, notes: list[str]) -> list[str]:
     lanes, steps = meta["lanes"], meta["steps"]
     keys = {key for key, _, _ in ds.describe()}
 
+    @functools.cache  # own_step reads next/done too: each array is read once
     def get(key: fmt.Key) -> np.ndarray | None:
         name = fmt.path(key)
         return ds.array(name)[:lanes, :steps].reshape(lanes, -1) if name in keys else None
@@ -100,8 +102,8 @@ def _frames_and_episodes(ds, meta: dict, notes: list[str]) -> list[str]:
     reward, own_done = fmt.own_step(get, mask.shape)
     if not meta.get("reset_when_done", True):
         own_done = np.zeros_like(own_done)  # a trajectory spans episodes: no id change
-    valid = mask & fmt.committed(meta)
     committed = fmt.committed(meta)
+    valid = mask & committed
     if int(valid.sum()) != meta["frames"]:
         problems.append(f"{int(valid.sum())} valid frames, metadata says {meta['frames']}")
     padding = committed & ~mask

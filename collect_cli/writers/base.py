@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from tensordict import TensorDictBase
 
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import FORMAT_VERSION, MASK_KEY, Rows
-from collect_cli.errors import OutputError, WriteError
+from collect_cli.errors import OutputError, UsageError, WriteError
 from collect_cli.writers.episodes import EpisodeTracker
 
 
@@ -55,6 +56,27 @@ def check_output(path: Path, overwrite: bool) -> None:
     raise OutputError(
         f"cannot write output {str(path)!r}: {str(existing)!r} is not writable ({why})"
     )
+
+
+def check_destination(
+    out: Path, sources: list[Path], overwrite: bool, kind: str, replaceable: Callable[[Path], bool]
+) -> None:
+    """Refuse an ``--out`` (of export, merge-like tools, report) that overlaps a dataset
+    it reads, exists without ``--overwrite``, or is not the ``kind`` of thing it would
+    replace (``replaceable``); then check that it can be written."""
+    dst = out.resolve()
+    for source in sources:
+        src = source.resolve()
+        if src == dst or dst in src.parents or src in dst.parents:
+            raise UsageError(f"--out {str(out)!r} overlaps the source dataset {str(source)!r}")
+    if out.exists() or out.is_symlink():
+        if not overwrite:
+            raise OutputError(
+                f"output {str(out)!r} already exists: pass --overwrite or another --out"
+            )
+        if not replaceable(out):
+            raise OutputError(f"output {str(out)!r} exists and is not {kind}: not replacing it")
+    check_output(out, overwrite=True)  # the nearest existing parent is writable
 
 
 def remove_output(path: Path) -> None:

@@ -33,9 +33,9 @@ import numpy as np
 from collect_cli import __version__, provenance, specs
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS
-from collect_cli.errors import DatasetError, OutputError, UsageError, WriteError
+from collect_cli.errors import DatasetError, UsageError, WriteError
 from collect_cli.writers import Dataset, open_dataset
-from collect_cli.writers.base import check_output, publish, remove_output
+from collect_cli.writers.base import check_destination, publish, remove_output
 
 log = logging.getLogger("rlcollect")
 
@@ -172,23 +172,15 @@ def minari_location(out: Path, dataset_id: str | None) -> tuple[str, Path]:
 
 
 def _check_out(source: Path, out: Path, fmt: str, overwrite: bool) -> None:
-    src, dst = source.resolve(), out.resolve()
-    if src == dst or dst in src.parents or src in dst.parents:
-        raise UsageError(f"--out {str(out)!r} overlaps the source dataset {str(source)!r}")
-    if out.exists() or out.is_symlink():
-        if not overwrite:
-            raise OutputError(
-                f"output {str(out)!r} already exists: pass --overwrite or another --out"
-            )
-        if fmt == "d4rl" and not out.is_file():
-            raise OutputError(f"output {str(out)!r} exists and is not a file: not replacing it")
-        if fmt == "minari" and not (
-            out.is_dir() and ((out / "data" / "metadata.json").is_file() or not any(out.iterdir()))
-        ):
-            raise OutputError(
-                f"output {str(out)!r} exists and is not a Minari dataset: not replacing it"
-            )
-    check_output(out, overwrite=True)  # the nearest existing parent is writable
+    if fmt == "d4rl":
+        check_destination(out, [source], overwrite, "a file", Path.is_file)
+        return
+
+    def minari_dir(path: Path) -> bool:
+        meta = path / "data" / "metadata.json"
+        return path.is_dir() and (meta.is_file() or not any(path.iterdir()))
+
+    check_destination(out, [source], overwrite, "a Minari dataset", minari_dir)
 
 
 class Source:
