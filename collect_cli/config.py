@@ -17,41 +17,50 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from collect_cli.errors import ConfigError
+from collect_cli.rollout import RolloutOptions
 
 ENV_BACKENDS = ("gymnasium", "envpool", "native")
-EXPLORATION_TYPES = ("random", "mode", "mean")
 NOISES = ("none", "gaussian", "epsilon")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu", "identity")
 COMPRESSIONS = ("none", "gzip", "lzf")
 PROGRESS_MODES = ("auto", "rich", "plain", "none")
+START_METHODS = ("auto", "fork", "spawn", "forkserver")
+
+# Each group's options are the schemas below, registered in Hydra's ConfigStore
+# (:func:`register`); ``conf/`` holds only what differs from them (the env presets
+# and the defaults list). A group's field in :class:`RunConfig` is typed with the
+# group's base class, so Hydra checks every key and value while composing.
 
 
 @dataclass
 class EnvConfig:
-    name: str = MISSING
-    id: str = MISSING
+    name: str = MISSING  # the preset (conf/env/<name>.yaml), recorded as env_preset
+    id: str = MISSING  # a gymnasium id; "module:EnvId" imports the module first
     num_envs: int = 8
-    backend: str = "gymnasium"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    info_keys: list[str] = field(default_factory=list)
+    backend: str = "gymnasium"  # gymnasium | envpool | native
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the env's make
+    info_keys: list[str] = field(default_factory=list)  # numeric info entries, under info/
 
 
 @dataclass
-class ExplorationConfig:
+class PolicyConfig:
     """Exploration noise, applied when ``exploration_type=random`` (every policy)."""
 
+    name: str = MISSING
     noise: str = "none"  # none | gaussian (Box actions) | epsilon (discrete actions)
     noise_scale: float = 0.1  # std of the Gaussian noise, in action units
     epsilon: float = 0.1  # probability of a uniformly random discrete action
 
 
 @dataclass
-class RandomPolicyConfig(ExplorationConfig):
+class RandomPolicyConfig(PolicyConfig):
     name: str = "random"
 
 
 @dataclass
-class MlpPolicyConfig(ExplorationConfig):
+class MlpPolicyConfig(PolicyConfig):
+    """A deterministic MLP; weights from ``checkpoint`` (a state_dict file) or seeded."""
+
     name: str = "mlp"
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"
@@ -59,25 +68,33 @@ class MlpPolicyConfig(ExplorationConfig):
 
 
 @dataclass
-class TorchScriptPolicyConfig(ExplorationConfig):
+class TorchScriptPolicyConfig(PolicyConfig):
+    """A TorchScript module (deprecated upstream: prefer ``policy=export``)."""
+
     name: str = "torchscript"
     path: str = MISSING
 
 
 @dataclass
-class PythonPolicyConfig(ExplorationConfig):
+class PythonPolicyConfig(PolicyConfig):
+    """``pkg.module:factory`` returning a module or callable on the observation."""
+
     name: str = "python"
     target: str = MISSING
 
 
 @dataclass
-class ExportPolicyConfig(ExplorationConfig):
+class ExportPolicyConfig(PolicyConfig):
+    """A ``torch.export`` program from the observation to the action (or a dict)."""
+
     name: str = "export"
     path: str = MISSING
 
 
 @dataclass
-class Sb3PolicyConfig(ExplorationConfig):
+class Sb3PolicyConfig(PolicyConfig):
+    """A Stable-Baselines3 / sb3-contrib model (a pickle: load only trusted files)."""
+
     name: str = "sb3"
     path: str = MISSING  # a Stable-Baselines3 .zip or an RL Zoo run folder
     algo: str | None = None  # PPO, SAC, QRDQN...; None: read from the zip (or the zoo folder)
@@ -85,16 +102,6 @@ class Sb3PolicyConfig(ExplorationConfig):
     vecnormalize: str | None = None  # None: the file beside the model; "none": no normalisation
     checkpoint: str | None = None  # RL Zoo folder: best | last | <steps>; None: best, else last
     extras: bool = True  # record action_log_prob / value / q_values where the model has them
-
-
-PolicyConfig = (
-    RandomPolicyConfig
-    | MlpPolicyConfig
-    | TorchScriptPolicyConfig
-    | PythonPolicyConfig
-    | ExportPolicyConfig
-    | Sb3PolicyConfig
-)
 
 
 @dataclass
@@ -110,58 +117,81 @@ class DatasetConfig:
 
 
 @dataclass
-class SyncCollectorConfig:
+class CollectorConfig:
+    name: str = MISSING
+
+
+@dataclass
+class SyncCollectorConfig(CollectorConfig):
     name: str = "sync"
 
 
 @dataclass
-class MultiSyncCollectorConfig:
-    name: str = "multisync"
-    workers: int = 2
-    preemptive_threshold: float = 1.0
-    start_method: str = "auto"
+class ProcessCollectorConfig(CollectorConfig):
+    """Collectors whose envs step in worker processes."""
+
+    start_method: str = "auto"  # auto (fork on CPU, spawn with CUDA) | fork | spawn | forkserver
 
 
 @dataclass
-class MultiAsyncCollectorConfig:
-    name: str = "multiasync"
-    workers: int = 2
-    start_method: str = "auto"
+class AsyncCollectorConfig(ProcessCollectorConfig):
+    """One background worker: collection overlaps with writing."""
 
-
-@dataclass
-class AsyncCollectorConfig:
     name: str = "async"
-    start_method: str = "auto"
-
-
-CollectorConfig = (
-    SyncCollectorConfig
-    | MultiSyncCollectorConfig
-    | MultiAsyncCollectorConfig
-    | AsyncCollectorConfig
-)
 
 
 @dataclass
-class Hdf5WriterConfig:
+class MultiCollectorConfig(ProcessCollectorConfig):
+    workers: int = 2
+
+
+@dataclass
+class MultiAsyncCollectorConfig(MultiCollectorConfig):
+    """Each worker's batch is written as soon as it is ready."""
+
+    name: str = "multiasync"
+
+
+@dataclass
+class MultiSyncCollectorConfig(MultiCollectorConfig):
+    """Workers collect in lock-step; each batch concatenates every worker's lanes."""
+
+    name: str = "multisync"
+    preemptive_threshold: float = 1.0  # < 1: stop stragglers once this fraction is done
+
+
+@dataclass
+class WriterConfig:
+    name: str = MISSING
+
+
+@dataclass
+class Hdf5WriterConfig(WriterConfig):
     name: str = "hdf5"
-    compression: str = "none"
-    chunk_frames: int = 65536
+    compression: str = "none"  # none | gzip | lzf
+    chunk_frames: int = 65536  # frames per chunk (lanes x time steps), at most
 
 
 @dataclass
-class MemmapWriterConfig:
+class MemmapWriterConfig(WriterConfig):
     name: str = "memmap"
 
 
 @dataclass
-class NoPostprocConfig:
+class PostprocConfig:
+    name: str = MISSING
+
+
+@dataclass
+class NoPostprocConfig(PostprocConfig):
     name: str = "none"
 
 
 @dataclass
-class MultiStepPostprocConfig:
+class MultiStepPostprocConfig(PostprocConfig):
+    """n-step returns, exact across batches: ``next/reward`` sums up to n rewards
+    inside the episode; ``next/*`` are those of the n-th step ahead."""
+
     name: str = "multistep"
     n: int = 3
     gamma: float = 0.99
@@ -170,57 +200,62 @@ class MultiStepPostprocConfig:
 @dataclass
 class RunConfig:
     env: EnvConfig = MISSING
-    policy: Any = MISSING
-    collector: Any = MISSING
-    writer: Any = MISSING
-    postproc: Any = MISSING
-    total_frames: Any = 1_000_000
-    frames_per_batch: Any = 1000
-    device: str = "cpu"
-    storing_device: str = "cpu"
-    seed: int = 0
-    out: str | None = None
+    policy: PolicyConfig = MISSING
+    collector: CollectorConfig = MISSING
+    writer: WriterConfig = MISSING
+    postproc: PostprocConfig = MISSING
+    # Any: these accept 1e6 and "1e6"; load() checks they are integral
+    total_frames: Any = 1_000_000  # -1: until interrupted
+    frames_per_batch: Any = 1000  # over all envs
+    device: str = "cpu"  # the policy's device; cuda:N allowed
+    storing_device: str = "cpu"  # the device of the yielded batches
+    seed: int = 0  # the whole run is reproducible from it
+    out: str | None = None  # default: data/<env id>_<policy>_s<seed>[.h5]
     overwrite: bool = False
-    resume: bool = False
+    resume: bool = False  # continue an interrupted or killed dataset at `out`
+    # the rollout options (collect_cli/rollout.py)
     max_frames_per_traj: int = -1
     init_random_frames: Any = 0
     reset_at_each_iter: bool = False
     reset_when_done: bool = True
-    split_trajs: bool = False
     exploration_type: str = "random"
-    progress: str = "auto"
-    debug: bool = False
+    split_trajs: bool = False  # dataset rows are whole episodes [episodes, time]
+    progress: str = "auto"  # auto | rich | plain | none
+    debug: bool = False  # print tracebacks for errors
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
 
 
-POLICY_SCHEMAS = {
-    "random": RandomPolicyConfig,
-    "mlp": MlpPolicyConfig,
-    "torchscript": TorchScriptPolicyConfig,
-    "python": PythonPolicyConfig,
-    "export": ExportPolicyConfig,
-    "sb3": Sb3PolicyConfig,
+# the options of each group, by name (Hydra's group/option)
+GROUPS: dict[str, dict[str, type]] = {
+    "policy": {
+        "random": RandomPolicyConfig,
+        "mlp": MlpPolicyConfig,
+        "torchscript": TorchScriptPolicyConfig,
+        "python": PythonPolicyConfig,
+        "export": ExportPolicyConfig,
+        "sb3": Sb3PolicyConfig,
+    },
+    "collector": {
+        "sync": SyncCollectorConfig,
+        "multisync": MultiSyncCollectorConfig,
+        "multiasync": MultiAsyncCollectorConfig,
+        "async": AsyncCollectorConfig,
+    },
+    "writer": {"hdf5": Hdf5WriterConfig, "memmap": MemmapWriterConfig},
+    "postproc": {"none": NoPostprocConfig, "multistep": MultiStepPostprocConfig},
 }
-WRITER_SCHEMAS = {"hdf5": Hdf5WriterConfig, "memmap": MemmapWriterConfig}
-POSTPROC_SCHEMAS = {"none": NoPostprocConfig, "multistep": MultiStepPostprocConfig}
-COLLECTOR_SCHEMAS = {
-    "sync": SyncCollectorConfig,
-    "multisync": MultiSyncCollectorConfig,
-    "multiasync": MultiAsyncCollectorConfig,
-    "async": AsyncCollectorConfig,
-}
-START_METHODS = ("auto", "fork", "spawn", "forkserver")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
     """The validated run settings: what ``run.run`` consumes."""
 
     env: EnvConfig
     policy: PolicyConfig
     collector: CollectorConfig
-    writer: Hdf5WriterConfig | MemmapWriterConfig
-    postproc: NoPostprocConfig | MultiStepPostprocConfig
+    writer: WriterConfig
+    postproc: PostprocConfig
+    rollout: RolloutOptions
     total_frames: int
     frames_per_batch: int
     device: str
@@ -231,12 +266,7 @@ class Settings:
     resume: bool
     progress: str
     debug: bool
-    max_frames_per_traj: int = -1
-    init_random_frames: int = 0
-    reset_at_each_iter: bool = False
-    reset_when_done: bool = True
     split_trajs: bool = False
-    exploration_type: str = "random"
     config_yaml: str = ""
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     # recorded with the dataset's metadata, e.g. the sweep a shard belongs to
@@ -244,10 +274,14 @@ class Settings:
 
 
 def register() -> None:
-    """Register the main schema so that ``conf/config.yaml`` can extend it."""
+    """Register the main schema and every group option in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="rlcollect_schema", node=RunConfig)
+    store = ConfigStore.instance()
+    store.store(name="rlcollect_schema", node=RunConfig)
+    for group, options in GROUPS.items():
+        for name, schema in options.items():
+            store.store(group=group, name=name, node=schema)
 
 
 def conf_dir() -> Path:
@@ -282,17 +316,6 @@ def _as_int(name: str, value: Any, *, allow_endless: bool = False) -> int:
     return value
 
 
-def _option(group: str, node: Any, schemas: dict[str, type]) -> Any:
-    name = node.get("name") if isinstance(node, DictConfig) else None
-    if name not in schemas:
-        raise ConfigError(f"unknown {group} {name!r}: choose from {', '.join(schemas)}")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(schemas[name]), node)
-        return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"invalid {group} config: {_first_line(exc)}") from None
-
-
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ConfigError(f"{key}={value!r} is not valid: choose from {', '.join(choices)}")
@@ -312,7 +335,11 @@ def default_out(env_id: str, policy: str, seed: int, writer: str) -> Path:
 
 
 def load(cfg: DictConfig) -> Settings:
-    """Validate a composed config into :class:`Settings` (raises ConfigError)."""
+    """Validate a composed config into :class:`Settings` (raises ConfigError).
+
+    Hydra already checked every key and type against the schemas; what is left
+    are the values' ranges and choices, then the combinations (:func:`_combinations`).
+    """
     if OmegaConf.is_missing(cfg.env, "id"):
         raise ConfigError("env=gym needs an id: add env.id=<gymnasium id>, e.g. env.id=Hopper-v5")
     for option, key, example in (
@@ -324,116 +351,106 @@ def load(cfg: DictConfig) -> Settings:
         if cfg.policy.get("name") == option and OmegaConf.is_missing(cfg.policy, key):
             raise ConfigError(f"policy={option} needs policy.{key}: add {example}")
     try:
-        env = OmegaConf.to_object(cfg.env)
+        run = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid config: {_first_line(exc)}") from None
-    policy = _option("policy", cfg.policy, POLICY_SCHEMAS)
-    writer = _option("writer", cfg.writer, WRITER_SCHEMAS)
-    postproc = _option("postproc", cfg.postproc, POSTPROC_SCHEMAS)
-    collector = _option("collector", cfg.collector, COLLECTOR_SCHEMAS)
+    env, policy, collector, writer, postproc = (
+        run.env,
+        run.policy,
+        run.collector,
+        run.writer,
+        run.postproc,
+    )
 
     _choice("env.backend", env.backend, ENV_BACKENDS)
-    if hasattr(collector, "start_method"):
-        _choice("collector.start_method", collector.start_method, START_METHODS)
-    if getattr(collector, "workers", 1) < 1:
-        raise ConfigError(f"collector.workers must be at least 1, got {collector.workers}")
-    threshold = getattr(collector, "preemptive_threshold", 1.0)
-    if not 0.0 < threshold <= 1.0:
-        raise ConfigError(f"collector.preemptive_threshold must be in (0, 1], got {threshold}")
-    _choice("progress", cfg.progress, PROGRESS_MODES)
     if env.num_envs < 1:
         raise ConfigError(f"env.num_envs must be at least 1, got {env.num_envs}")
     if not env.id:
         raise ConfigError("env.id is empty: name a gymnasium id, e.g. env=gym env.id=Hopper-v5")
-    checkpoint = (
-        getattr(policy, "checkpoint", None) if isinstance(policy, Sb3PolicyConfig) else None
-    )
-    if checkpoint is not None and checkpoint not in ("best", "last") and not checkpoint.isdigit():
-        raise ConfigError(
-            f"policy.checkpoint={checkpoint!r} is not valid: choose best, last "
-            "or a step count such as 100000"
-        )
-    if isinstance(policy, MlpPolicyConfig):
-        _choice("policy.activation", policy.activation, ACTIVATIONS)
-        if not policy.hidden or any(h < 1 for h in policy.hidden):
-            raise ConfigError(f"policy.hidden must be positive sizes, got {policy.hidden}")
-    if isinstance(writer, Hdf5WriterConfig):
-        _choice("writer.compression", writer.compression, COMPRESSIONS)
-        if writer.chunk_frames < 1:
-            raise ConfigError(f"writer.chunk_frames must be positive, got {writer.chunk_frames}")
-
     _choice("policy.noise", policy.noise, NOISES)
     if policy.noise_scale < 0:
         raise ConfigError(f"policy.noise_scale must be >= 0, got {policy.noise_scale}")
     if not 0.0 <= policy.epsilon <= 1.0:
         raise ConfigError(f"policy.epsilon must be in [0, 1], got {policy.epsilon}")
+    if isinstance(policy, MlpPolicyConfig):
+        _choice("policy.activation", policy.activation, ACTIVATIONS)
+        if not policy.hidden or any(h < 1 for h in policy.hidden):
+            raise ConfigError(f"policy.hidden must be positive sizes, got {policy.hidden}")
+    checkpoint = policy.checkpoint if isinstance(policy, Sb3PolicyConfig) else None
+    if checkpoint is not None and checkpoint not in ("best", "last") and not checkpoint.isdigit():
+        raise ConfigError(
+            f"policy.checkpoint={checkpoint!r} is not valid: choose best, last "
+            "or a step count such as 100000"
+        )
+    if isinstance(collector, ProcessCollectorConfig):
+        _choice("collector.start_method", collector.start_method, START_METHODS)
+    if isinstance(collector, MultiCollectorConfig) and collector.workers < 1:
+        raise ConfigError(f"collector.workers must be at least 1, got {collector.workers}")
+    threshold = getattr(collector, "preemptive_threshold", 1.0)
+    if not 0.0 < threshold <= 1.0:
+        raise ConfigError(f"collector.preemptive_threshold must be in (0, 1], got {threshold}")
+    if isinstance(writer, Hdf5WriterConfig):
+        _choice("writer.compression", writer.compression, COMPRESSIONS)
+        if writer.chunk_frames < 1:
+            raise ConfigError(f"writer.chunk_frames must be positive, got {writer.chunk_frames}")
     if isinstance(postproc, MultiStepPostprocConfig):
         if postproc.n < 1:
             raise ConfigError(f"postproc.n must be at least 1, got {postproc.n}")
         if not 0.0 <= postproc.gamma <= 1.0:
             raise ConfigError(f"postproc.gamma must be in [0, 1], got {postproc.gamma}")
-        if threshold < 1.0:
-            raise ConfigError(
-                "postproc=multistep needs whole batches: drop collector.preemptive_threshold"
-            )
-    _choice("exploration_type", cfg.exploration_type, EXPLORATION_TYPES)
-    dataset = _dataset(cfg.get("dataset"))
-    max_traj = int(cfg.max_frames_per_traj)
-    if max_traj == 0 or max_traj < -1:
-        raise ConfigError(
-            f"max_frames_per_traj must be a positive integer or -1 (no limit), got {max_traj}"
-        )
-    init_random = 0 if cfg.init_random_frames in (0, -1) else cfg.init_random_frames
-    init_random = _as_int("init_random_frames", init_random) if init_random else 0
-    if cfg.split_trajs and not cfg.reset_when_done:
-        raise ConfigError(
-            "split_trajs=true needs reset_when_done=true: without resets a lane is one "
-            "endless trajectory"
-        )
-    if max_traj > 0 and not cfg.reset_when_done:
-        raise ConfigError(
-            "max_frames_per_traj needs reset_when_done=true: a truncated episode must be reset"
-        )
-    if cfg.resume and cfg.overwrite:
-        raise ConfigError("resume=true and overwrite=true contradict each other: pick one")
-    out = cfg.out
-    out_path = Path(out) if out else default_out(env.id, policy.name, cfg.seed, writer.name)
-    return Settings(
+    _choice("progress", run.progress, PROGRESS_MODES)
+    init_random = 0 if run.init_random_frames in (0, -1) else run.init_random_frames
+    rollout = RolloutOptions(
+        max_frames_per_traj=run.max_frames_per_traj,
+        init_random_frames=_as_int("init_random_frames", init_random) if init_random else 0,
+        reset_at_each_iter=run.reset_at_each_iter,
+        reset_when_done=run.reset_when_done,
+        exploration_type=run.exploration_type,
+    )
+    settings = Settings(
         env=env,
         policy=policy,
         collector=collector,
         writer=writer,
         postproc=postproc,
-        total_frames=_as_int("total_frames", cfg.total_frames, allow_endless=True),
-        frames_per_batch=_as_int("frames_per_batch", cfg.frames_per_batch),
-        device=str(cfg.device),
-        storing_device=str(cfg.storing_device),
-        seed=int(cfg.seed),
-        out=out_path,
-        overwrite=bool(cfg.overwrite),
-        resume=bool(cfg.resume),
-        progress=cfg.progress,
-        debug=bool(cfg.debug),
-        max_frames_per_traj=max_traj,
-        init_random_frames=init_random,
-        reset_at_each_iter=bool(cfg.reset_at_each_iter),
-        reset_when_done=bool(cfg.reset_when_done),
-        split_trajs=bool(cfg.split_trajs),
-        exploration_type=cfg.exploration_type,
+        rollout=rollout,
+        total_frames=_as_int("total_frames", run.total_frames, allow_endless=True),
+        frames_per_batch=_as_int("frames_per_batch", run.frames_per_batch),
+        device=str(run.device),
+        storing_device=str(run.storing_device),
+        seed=run.seed,
+        out=Path(run.out) if run.out else default_out(env.id, policy.name, run.seed, writer.name),
+        overwrite=run.overwrite,
+        resume=run.resume,
+        progress=run.progress,
+        debug=run.debug,
+        split_trajs=run.split_trajs,
         config_yaml=OmegaConf.to_yaml(cfg),
-        dataset=dataset,
+        dataset=_dataset(run.dataset),
     )
+    _combinations(settings)
+    return settings
 
 
-def _dataset(node: Any) -> DatasetConfig:
+def _combinations(s: Settings) -> None:
+    """The checks that span several groups or keys, all here (a rollout's own
+    combinations are checked by :class:`~collect_cli.rollout.RolloutOptions`)."""
+    if s.split_trajs and not s.rollout.reset_when_done:
+        raise ConfigError(
+            "split_trajs=true needs reset_when_done=true: without resets a lane is one "
+            "endless trajectory"
+        )
+    threshold = getattr(s.collector, "preemptive_threshold", 1.0)
+    if isinstance(s.postproc, MultiStepPostprocConfig) and threshold < 1.0:
+        raise ConfigError(
+            "postproc=multistep needs whole batches: drop collector.preemptive_threshold"
+        )
+    if s.resume and s.overwrite:
+        raise ConfigError("resume=true and overwrite=true contradict each other: pick one")
+
+
+def _dataset(dataset: DatasetConfig) -> DatasetConfig:
     """The ``dataset.`` provenance keys; reference scores come in pairs, min < max."""
-    if node is None:
-        return DatasetConfig()
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(DatasetConfig), node)
-        dataset = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"invalid dataset config: {_first_line(exc)}") from None
     low, high = dataset.ref_min_score, dataset.ref_max_score
     if (low is None) != (high is None):
         raise ConfigError(

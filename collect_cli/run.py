@@ -22,6 +22,7 @@ from typing import Any
 from collect_cli import __version__, provenance, specs
 from collect_cli.config import Settings
 from collect_cli.errors import ConfigError, DeviceError
+from collect_cli.rollout import RolloutOptions
 from collect_cli.stream import Stream, WriteBehind
 
 log = logging.getLogger("rlcollect")
@@ -120,9 +121,10 @@ def build_collector(
     total_frames: int | None = None,
     seed: int | None = None,
     traj_id_start: int = 0,
-    init_random_frames: int | None = None,
+    rollout: RolloutOptions | None = None,
 ):
-    """The configured collector over the configured env and policy (not yet iterated)."""
+    """The configured collector over the configured env and policy (not yet iterated);
+    ``rollout`` replaces the settings' (a resume's rest of the run)."""
     from collect_cli import collectors
     from collect_cli.collectors import derive_seeds
     from collect_cli.envs import env_factory
@@ -146,13 +148,7 @@ def build_collector(
         "storing_device": storing_device,
         "seed": settings.seed if seed is None else seed,
         "traj_id_start": traj_id_start,
-        "max_frames_per_traj": settings.max_frames_per_traj,
-        "init_random_frames": settings.init_random_frames
-        if init_random_frames is None
-        else init_random_frames,
-        "reset_at_each_iter": settings.reset_at_each_iter,
-        "reset_when_done": settings.reset_when_done,
-        "exploration_type": settings.exploration_type,
+        "options": settings.rollout if rollout is None else rollout,
     }
     if coll.name == "sync":  # two buffers in turn: the run writes one while filling the other
         return collectors.SyncCollector(
@@ -197,11 +193,7 @@ def _stream_options(settings: Settings) -> dict[str, Any]:
     return {
         "split_trajs": settings.split_trajs,
         "postproc": asdict(settings.postproc),
-        "reset_when_done": settings.reset_when_done,
-        "reset_at_each_iter": settings.reset_at_each_iter,
-        "max_frames_per_traj": settings.max_frames_per_traj,
-        "init_random_frames": settings.init_random_frames,
-        "exploration_type": settings.exploration_type,
+        **asdict(settings.rollout),
         "info_keys": list(settings.env.info_keys),
     }
 
@@ -287,7 +279,7 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
             total_frames=remaining,
             seed=derive_seeds(settings.seed, 1, 7, done)[0],  # new episodes, not a replay
             traj_id_start=writer.next_traj_id,
-            init_random_frames=max(0, settings.init_random_frames - done),
+            rollout=settings.rollout.after(done),
         )
     except BaseException:
         _close_quietly(writer, "interrupted")

@@ -19,6 +19,7 @@ through :mod:`collect_cli.progress`, as for a single run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import re
 import secrets
@@ -249,16 +250,18 @@ class SweepJob:
             settings = config.load(cfg)
             out = shard_out(settings, cfg.out, self.sweep_id, num, self.count)
             result["path"] = str(out)
-            settings.out = out if out.is_absolute() else Path(self.cwd) / out
-            settings.extra_metadata = {
-                "sweep": {
-                    "id": self.sweep_id,
-                    "overrides": list(self.overrides),
-                    "job": num,
-                    "jobs": self.count,
-                    "job_overrides": result["overrides"],
-                }
+            sweep = {
+                "id": self.sweep_id,
+                "overrides": list(self.overrides),
+                "job": num,
+                "jobs": self.count,
+                "job_overrides": result["overrides"],
             }
+            settings = dataclasses.replace(
+                settings,
+                out=out if out.is_absolute() else Path(self.cwd) / out,
+                extra_metadata={"sweep": sweep},
+            )
             done = self._collect(settings, num)
             code = exit_code(done.status)
             result.update(

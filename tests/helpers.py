@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -72,6 +73,8 @@ class ForkServer:
     (support/forkserver.py): none pays the 2-4 s a new interpreter spends on
     imports. Each run is in its own session: ``os.killpg(pid, sig)``."""
 
+    started: ClassVar[list[ForkServer]] = []
+
     def __init__(self, cwd: Path, warm_args: list[str]):
         self.proc = subprocess.Popen(
             [sys.executable, str(SUPPORT / "forkserver.py"), *warm_args],
@@ -82,6 +85,7 @@ class ForkServer:
             text=True,
         )
         self._lock = threading.Lock()
+        ForkServer.started.append(self)
 
     def _ask(self, **request: object) -> dict:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -144,7 +148,8 @@ def wait_for_frames(path: Path, proc: subprocess.Popen, minimum: int = 1, timeou
 
 
 def descendants(pid: int) -> set[int]:
-    """Live descendant pids of ``pid`` (from /proc)."""
+    """Live descendant pids of ``pid`` (from /proc), leaving out the fork server's
+    tree: the pytest worker keeps it for later CLI runs (conftest.run_cli)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -161,9 +166,15 @@ def descendants(pid: int) -> set[int]:
     stack = [pid]
     while stack:
         for child in children.get(stack.pop(), []):
+            if child in _fork_servers():
+                continue
             out.add(child)
             stack.append(child)
     return out
+
+
+def _fork_servers() -> set[int]:
+    return {server.proc.pid for server in ForkServer.started}
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -22,6 +22,7 @@ LAYERS = [
             "collect_cli.errors",
             "collect_cli.dataformat",
             "collect_cli.specs",
+            "collect_cli.rollout",
         },
     ),
     ("config", {"collect_cli.config"}),

@@ -8,6 +8,7 @@ import pytest
 
 from collect_cli import config
 from collect_cli.errors import ConfigError
+from collect_cli.rollout import RolloutOptions
 
 
 def settings(*overrides: str) -> config.Settings:
@@ -63,3 +64,44 @@ def test_invalid_values(overrides, message):
 def test_conf_ships_inside_package():
     assert (config.conf_dir() / "config.yaml").is_file()
     assert (config.conf_dir() / "env" / "Acrobot.yaml").is_file()
+
+
+def test_every_group_option_is_a_registered_schema():
+    s = settings("policy=sb3", "policy.path=m.zip", "collector=multisync", "postproc=multistep")
+    assert isinstance(s.policy, config.Sb3PolicyConfig) and s.policy.deterministic
+    assert isinstance(s.collector, config.MultiSyncCollectorConfig) and s.collector.workers == 2
+    assert isinstance(s.postproc, config.MultiStepPostprocConfig) and s.postproc.n == 3
+    assert s.rollout == RolloutOptions()  # the rollout options travel as one object
+    with pytest.raises(AttributeError):
+        s.seed = 1  # type: ignore[misc]  # frozen: what load() checked stays checked
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # Hydra checks each key against the option's own schema while composing
+        (["collector.workers=3"], "collector.workers"),  # sync has no workers
+        (["policy=mlp", "policy.hidden=[a]"], "policy.hidden"),
+        (["collector=multisync", "collector.workers=two"], "collector.workers"),
+        (["postproc=multistep", "postproc.n=1.5"], "postproc.n"),
+        (["writer=memmap", "writer.compression=gzip"], "writer.compression"),
+    ],
+)
+def test_schemas_refuse_keys_and_types_while_composing(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        settings(*overrides)
+
+
+def test_yaml_holds_only_what_differs_from_the_schemas():
+    import yaml
+
+    defaults = vars(config.EnvConfig(name="", id=""))
+    for file in sorted((config.conf_dir() / "env").glob("*.yaml")):
+        preset = yaml.safe_load(file.read_text())
+        assert preset["name"] == file.stem
+        same = {k for k, v in preset.items() if k in defaults and v == defaults[k]}
+        assert not same, f"{file.name} repeats the schema's {sorted(same)}"
+    top = yaml.safe_load((config.conf_dir() / "config.yaml").read_text())
+    assert set(top) == {"defaults"}  # every other key's default is RunConfig's
+    for group in config.GROUPS:
+        assert not (config.conf_dir() / group).exists(), f"conf/{group}/ duplicates the schemas"

@@ -124,14 +124,11 @@ class CollectorBase(IterableDataset, metaclass=abc.ABCMeta):
     def iterator(self) -> Iterator[TensorDictBase]:
         """Yield batches until ``total_frames`` frames were collected (forever if -1).
 
-        With ``split_trajs=True`` each batch is split into its trajectory pieces,
-        ``[pieces, time]`` padded with ``collector/mask`` False (as in TorchRL).
+        Batches are ``[lanes, time]``; :func:`~collect_cli.collectors.split_trajectories`
+        regroups one into its trajectory pieces (TorchRL's ``split_trajs``).
         """
-        split = None
-        if getattr(self, "split_trajs", False):
-            from collect_cli.collectors.postproc import split_trajectories as split
         for _, batch in self.iter_with_lanes():
-            yield batch if split is None else split(batch)
+            yield batch
 
     @abc.abstractmethod
     def iter_with_lanes(self) -> Iterator[tuple[int, TensorDictBase]]:

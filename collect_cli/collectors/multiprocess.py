@@ -32,7 +32,8 @@ from collect_cli import errors, specs
 from collect_cli.collectors.base import CollectorBase, derive_seeds
 from collect_cli.collectors.worker import WorkerSpec, worker_main
 from collect_cli.envs import EnvFactory
-from collect_cli.errors import CollectionError, ConfigError
+from collect_cli.errors import CollectionError
+from collect_cli.rollout import RolloutOptions
 
 JOIN_TIMEOUT_S = 5.0
 
@@ -92,15 +93,10 @@ class _MultiCollector(CollectorBase):
         worker_threads: int = 1,
         prefetch: int = 1,
         traj_id_start: int = 0,
-        max_frames_per_traj: int = -1,
-        init_random_frames: int = 0,
-        reset_at_each_iter: bool = False,
-        reset_when_done: bool = True,
-        exploration_type: str = "random",
-        split_trajs: bool = False,
+        options: RolloutOptions | None = None,
         device_path: bool | None = None,
     ):
-        """Rollout options as in :class:`SyncCollector`; ``init_random_frames``
+        """``options`` as in :class:`SyncCollector`; its ``init_random_frames``
         counts over all workers (each takes its share).
 
         ``prefetch``: batches each worker may have asked for and not yet handed
@@ -111,12 +107,9 @@ class _MultiCollector(CollectorBase):
         worker's lag is absorbed over two batches. Weights sent by
         :meth:`update_policy_weights_` then reach the batch after the ones
         already asked for."""
-        if split_trajs and not reset_when_done:
-            raise ConfigError("split_trajs=True needs reset_when_done=True")
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self._closed = True
-        self.split_trajs = split_trajs
         self.prefetch = int(prefetch)
         factories = (
             list(create_env_fn)
@@ -147,15 +140,7 @@ class _MultiCollector(CollectorBase):
         self._closed = False
         _LIVE.add(self)
         worker_seeds = derive_seeds(seed, self.num_workers, 3)
-        options = {
-            "max_frames_per_traj": max_frames_per_traj,
-            "init_random_frames": math.ceil(max(0, init_random_frames) / self.num_workers),
-            "reset_at_each_iter": reset_at_each_iter,
-            "reset_when_done": reset_when_done,
-            "exploration_type": exploration_type,
-            "device_path": device_path,
-            "batch_buffers": self.prefetch,
-        }
+        self.options = options or RolloutOptions()
         try:
             for index, factory in enumerate(factories):
                 spec = WorkerSpec(
@@ -168,7 +153,9 @@ class _MultiCollector(CollectorBase):
                     device=str(self.device),
                     seed=worker_seeds[index],
                     num_threads=worker_threads,
-                    options=options,
+                    options=self.options.share(self.num_workers),
+                    batch_buffers=self.prefetch,
+                    device_path=device_path,
                 )
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(

@@ -5,13 +5,13 @@ Frame accounting (as in TorchRL): each batch holds ``lanes * ceil(frames_per_bat
 have been produced (``-1``: forever). ``collector/traj_ids`` gets a fresh id
 at every reset; ids are ``traj_id_start + k * traj_id_stride`` for k = 0, 1, ...
 
-Rollout options, as in TorchRL: ``max_frames_per_traj`` truncates episodes
-(``truncated`` True, ``step_count`` recorded); ``init_random_frames`` takes
-uniformly random actions for the first frames (whole steps of all lanes);
-``reset_at_each_iter`` resets every env when a batch starts; with
-``reset_when_done=False`` an episode end does not start a new trajectory id (the
-env itself still restarts: gymnasium cannot step a finished env);
-``exploration_type`` is the interaction type the policy runs under.
+Rollout options (:class:`~collect_cli.rollout.RolloutOptions`, as in TorchRL):
+``max_frames_per_traj`` truncates episodes (``truncated`` True, ``step_count``
+recorded); ``init_random_frames`` takes uniformly random actions for the first
+frames (whole steps of all lanes); ``reset_at_each_iter`` resets every env when a
+batch starts; with ``reset_when_done=False`` an episode end does not start a new
+trajectory id (the env itself still restarts: gymnasium cannot step a finished
+env); ``exploration_type`` is the interaction type the policy runs under.
 
 Batches are filled in place in preallocated buffers. By default each yielded
 batch is a copy; with ``return_same_td=True`` it is the buffer itself, valid
@@ -45,6 +45,7 @@ from collect_cli.envs import VecEnv
 from collect_cli.errors import ConfigError, PolicyError
 from collect_cli.exploration import interaction
 from collect_cli.policies import PolicyFactory, RandomPolicy, torch_dtype
+from collect_cli.rollout import RolloutOptions
 
 
 def _host(x: torch.Tensor) -> np.ndarray:
@@ -74,23 +75,17 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         return_same_td: bool = False,
         batch_buffers: int = 1,
         shared_memory: bool = False,
-        max_frames_per_traj: int = -1,
-        init_random_frames: int = 0,
-        reset_at_each_iter: bool = False,
-        reset_when_done: bool = True,
-        exploration_type: str = "random",
-        split_trajs: bool = False,
+        options: RolloutOptions | None = None,
         device_path: bool | None = None,
     ):
         """``device_path``: collect on the env's device (envs with ``step_tensors``,
         i.e. ``env.backend=native``; see :mod:`collect_cli.collectors.device`).
         Default: on for such envs on CUDA; on CPU the host path is ~10% faster."""
-        if split_trajs and not reset_when_done:
-            raise ConfigError("split_trajs=True needs reset_when_done=True")
         self._closed = True
         self.env = create_env_fn()
         self._closed = False
-        self.max_frames_per_traj = int(max_frames_per_traj)
+        self.options = options = options or RolloutOptions()
+        self.max_frames_per_traj = options.max_frames_per_traj
         limit = self.env.max_episode_steps
         if self.max_frames_per_traj > 0 and limit is not None:
             raise ConfigError(
@@ -98,11 +93,10 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                 f"of {self.env.env_id} ({limit} steps): set +env.kwargs.max_episode_steps="
                 f"{self.max_frames_per_traj} instead, or max_frames_per_traj=-1"
             )
-        self.init_random_frames = max(0, int(init_random_frames))
-        self.reset_at_each_iter = reset_at_each_iter
-        self.reset_when_done = reset_when_done
-        self.exploration_type = exploration_type
-        self.split_trajs = split_trajs
+        self.init_random_frames = options.init_random_frames
+        self.reset_at_each_iter = options.reset_at_each_iter
+        self.reset_when_done = options.reset_when_done
+        self.exploration_type = options.exploration_type
         self.num_envs = self.lanes = self.env.num_envs
         self.busy_in_python = self.env.steps_in_python
         self.device = torch.device(device)

@@ -28,6 +28,7 @@ from typing import Any
 
 from collect_cli import dataformat as fmt
 from collect_cli.envs import EnvFactory
+from collect_cli.rollout import RolloutOptions
 
 PARENT_POLL_S = 1.0
 
@@ -43,7 +44,9 @@ class WorkerSpec:
     seed: int
     num_threads: int = 1
     traj_id_start: int = 0  # worker w numbers trajectories start + w, start + w + W, ...
-    options: dict[str, Any] = field(default_factory=dict)  # SyncCollector rollout options
+    options: RolloutOptions = field(default_factory=RolloutOptions)  # this worker's share
+    batch_buffers: int = 1  # shared buffers, filled in turn (the main process's prefetch)
+    device_path: bool | None = None  # as SyncCollector's
 
 
 def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
@@ -68,7 +71,9 @@ def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
             traj_id_stride=spec.workers,
             return_same_td=True,
             shared_memory=True,
-            **spec.options,
+            batch_buffers=spec.batch_buffers,
+            options=spec.options,
+            device_path=spec.device_path,
         )
         env = collector.env
         spaces = (specs.describe(env.observation_space), specs.describe(env.action_space))

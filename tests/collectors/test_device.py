@@ -13,6 +13,7 @@ from collect_cli.collectors import MultiSyncCollector, SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.errors import CollectionError, ConfigError
 from collect_cli.policies import PolicyFactory
+from collect_cli.rollout import RolloutOptions
 
 CUDA = torch.cuda.is_available()
 DEVICES = [
@@ -29,6 +30,7 @@ def policy(name: str, device: str = "cpu") -> PolicyFactory:
 
 
 def batches(env_id, device_path, *, lanes=5, device="cpu", policy_name="random", **kw):
+    kw["options"] = RolloutOptions(**kw.pop("options", {}))
     kw.setdefault("frames_per_batch", 5 * 17)
     kw.setdefault("total_frames", 5 * 17 * 4)
     # short episodes: several resets (new traj ids) inside every batch
@@ -50,8 +52,8 @@ def batches(env_id, device_path, *, lanes=5, device="cpu", policy_name="random",
 )
 @pytest.mark.parametrize("policy_name", ["random", "mlp"])
 def test_device_path_collects_what_the_host_path_collects(env_id, policy_name):
-    host = batches(env_id, False, policy_name=policy_name, init_random_frames=30)
-    dev = batches(env_id, True, policy_name=policy_name, init_random_frames=30)
+    host = batches(env_id, False, policy_name=policy_name, options={"init_random_frames": 30})
+    dev = batches(env_id, True, policy_name=policy_name, options={"init_random_frames": 30})
     assert len(host) == len(dev) == 4
     for a, b in zip(host, dev, strict=True):
         assert a.batch_size == b.batch_size == (5, 17)
@@ -66,8 +68,8 @@ def test_device_path_collects_what_the_host_path_collects(env_id, policy_name):
 
 
 def test_device_path_without_reset_when_done_keeps_ids():
-    host = batches("CartPole-v1", False, reset_when_done=False)
-    dev = batches("CartPole-v1", True, reset_when_done=False)
+    host = batches("CartPole-v1", False, options={"reset_when_done": False})
+    dev = batches("CartPole-v1", True, options={"reset_when_done": False})
     for a, b in zip(host, dev, strict=True):
         assert (a == b).all()
     assert (dev[-1]["collector", "traj_ids"][:, -1] == torch.arange(5)).all()

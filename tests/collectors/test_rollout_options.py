@@ -10,11 +10,12 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from collect_cli.collectors import MultiSyncCollector, SyncCollector
+from collect_cli.collectors import MultiSyncCollector, SyncCollector, split_trajectories
 from collect_cli.config import MlpPolicyConfig, PythonPolicyConfig, RandomPolicyConfig
 from collect_cli.envs import env_factory
 from collect_cli.errors import ConfigError, PolicyError
 from collect_cli.policies import PolicyFactory
+from collect_cli.rollout import RolloutOptions
 
 
 def batches(collector, count):
@@ -33,7 +34,7 @@ def counter(num_envs=2, length=10, **kw):
 
 def test_max_frames_per_traj_truncates_and_counts_steps():
     make = counter(length=10)
-    with SyncCollector(make, frames_per_batch=40, total_frames=80, max_frames_per_traj=7) as c:
+    with SyncCollector(make, frames_per_batch=40, total_frames=80, options=RolloutOptions(7)) as c:
         data = torch.cat(list(c), dim=1)
     count = data["step_count"][..., 0].numpy()
     obs = data["observation"][..., 0].numpy()
@@ -51,15 +52,16 @@ def test_max_frames_per_traj_truncates_and_counts_steps():
 
 def test_max_frames_per_traj_keeps_env_terminations():
     make = counter(length=5)
-    with SyncCollector(make, frames_per_batch=40, total_frames=40, max_frames_per_traj=7) as c:
+    with SyncCollector(make, frames_per_batch=40, total_frames=40, options=RolloutOptions(7)) as c:
         data = next(iter(c))
     assert (data["step_count"][0, :10, 0].numpy() == [0, 1, 2, 3, 4] * 2).all()
     assert not data["next", "truncated"].any()
 
 
 def test_max_frames_per_traj_refuses_an_env_time_limit():
+    make = env_factory("CartPole-v1", 2)
     with pytest.raises(ConfigError, match=r"time limit of CartPole-v1 \(500 steps\)"):
-        SyncCollector(env_factory("CartPole-v1", 2), frames_per_batch=10, max_frames_per_traj=50)
+        SyncCollector(make, frames_per_batch=10, options=RolloutOptions(max_frames_per_traj=50))
 
 
 @pytest.mark.parametrize("init_random", [1, 30, 64, 65])
@@ -68,7 +70,11 @@ def test_init_random_frames_counts_whole_steps(init_random):
     policy = PolicyFactory(PythonPolicyConfig(target="toypolicies:first_action"), "cpu", 0)
     make = env_factory("CartPole-v1", 4)
     c = SyncCollector(
-        make, policy, frames_per_batch=64, total_frames=256, init_random_frames=init_random
+        make,
+        policy,
+        frames_per_batch=64,
+        total_frames=256,
+        options=RolloutOptions(init_random_frames=init_random),
     )
     actions = torch.cat(batches(c, 4), dim=1)["action"].numpy()  # [4 lanes, 64 steps]
     random_steps = math.ceil(init_random / 4)
@@ -82,7 +88,12 @@ def test_init_random_frames_split_over_workers():
     policy = PolicyFactory(PythonPolicyConfig(target="toypolicies:first_action"), "cpu", 0)
     make = env_factory("CartPole-v1", 4)
     c = MultiSyncCollector(
-        make, policy, num_workers=2, frames_per_batch=80, total_frames=160, init_random_frames=80
+        make,
+        policy,
+        num_workers=2,
+        frames_per_batch=80,
+        total_frames=160,
+        options=RolloutOptions(init_random_frames=80),
     )
     actions = torch.cat(batches(c, 2), dim=1)["action"].numpy()  # [8 lanes, 20 steps]
     # each worker takes half (40 frames = 10 steps of its 4 lanes)
@@ -92,7 +103,9 @@ def test_init_random_frames_split_over_workers():
 
 def test_reset_at_each_iter_starts_every_batch_fresh():
     make = counter(num_envs=3, length=100)
-    c = SyncCollector(make, frames_per_batch=30, total_frames=90, reset_at_each_iter=True)
+    c = SyncCollector(
+        make, frames_per_batch=30, total_frames=90, options=RolloutOptions(reset_at_each_iter=True)
+    )
     data = batches(c, 3)
     for batch in data:
         assert (batch["observation"][:, 0, 0] == 0).all()
@@ -104,7 +117,8 @@ def test_reset_at_each_iter_starts_every_batch_fresh():
 
 def test_reset_when_done_false_keeps_one_trajectory_per_lane():
     make = counter(num_envs=2, length=5)
-    c = SyncCollector(make, frames_per_batch=40, total_frames=40, reset_when_done=False)
+    options = RolloutOptions(reset_when_done=False)
+    c = SyncCollector(make, frames_per_batch=40, total_frames=40, options=options)
     (data,) = batches(c, 1)
     done = data["next", "done"][..., 0].numpy()
     assert (done == ((np.arange(20) % 5) == 4)).all()  # gymnasium restarts the env itself
@@ -112,9 +126,31 @@ def test_reset_when_done_false_keeps_one_trajectory_per_lane():
     assert (ids == ids[:, :1]).all() and ids[0, 0] != ids[1, 0]
 
 
-def test_split_trajs_needs_reset_when_done():
-    with pytest.raises(ConfigError, match="reset_when_done"):
-        SyncCollector(counter(), frames_per_batch=4, split_trajs=True, reset_when_done=False)
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_frames_per_traj": 0}, "max_frames_per_traj must be a positive integer or -1"),
+        ({"max_frames_per_traj": -2}, "max_frames_per_traj must be a positive integer or -1"),
+        ({"init_random_frames": -1}, "init_random_frames must be >= 0"),
+        ({"exploration_type": "greedy"}, "exploration_type='greedy' is not valid"),
+        (
+            {"max_frames_per_traj": 5, "reset_when_done": False},
+            "max_frames_per_traj needs reset_when_done=true",
+        ),
+    ],
+)
+def test_rollout_refuses_what_no_collector_can_run(options, message):
+    with pytest.raises(ConfigError, match=message):
+        RolloutOptions(**options)
+
+
+def test_rollout_is_frozen_and_shared_over_workers():
+    options = RolloutOptions(init_random_frames=81)
+    with pytest.raises(AttributeError):
+        options.init_random_frames = 0  # type: ignore[misc]
+    assert options.share(2).init_random_frames == 41  # each worker takes its share
+    assert options.after(100).init_random_frames == 0  # a resume past them takes none
+    assert options.after(50) == RolloutOptions(init_random_frames=31)
 
 
 def test_info_keys_recorded_with_final_step_info():
@@ -152,7 +188,7 @@ def mlp_collector(noise="none", exploration_type="random", env="Pendulum-v1", **
         policy,
         frames_per_batch=200,
         total_frames=200,
-        exploration_type=exploration_type,
+        options=RolloutOptions(exploration_type=exploration_type),
         seed=1,
     )
 
@@ -203,7 +239,7 @@ def test_probabilistic_policy_mode_and_log_prob():
             PolicyFactory(cfg, "cpu", 0),
             frames_per_batch=400,
             total_frames=400,
-            exploration_type=exploration_type,
+            options=RolloutOptions(exploration_type=exploration_type),
             seed=5,
         )
         return batches(c, 1)[0]
@@ -231,10 +267,10 @@ def test_probabilistic_policy_mode_and_log_prob():
     assert (out["action"] == out["action"][:1]).all()
 
 
-def test_split_trajs_iterator_yields_trajectory_pieces():
+def test_split_trajectories_gives_each_batch_as_trajectory_pieces():
     make = counter(num_envs=2, length=4)
-    c = SyncCollector(make, frames_per_batch=12, total_frames=24, split_trajs=True)
-    first, second = batches(c, 2)
+    c = SyncCollector(make, frames_per_batch=12, total_frames=24)
+    first, second = (split_trajectories(b) for b in batches(c, 2))
     # 6 steps per lane, episodes of 4: pieces of 4 and 2 per lane, then 2 and 4
     assert first.batch_size == (4, 4) and second.batch_size == (4, 4)
     assert first["collector", "mask"].sum(1).tolist() == [4, 2, 4, 2]
