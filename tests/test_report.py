@@ -9,6 +9,7 @@ the dataset itself.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import re
@@ -54,8 +55,7 @@ def collect(out: Path, *overrides: str, extra: dict | None = None) -> Path:
     settings = config.load(
         config.compose([f"out={out}", "progress=none", "frames_per_batch=200", *overrides])
     )
-    settings.extra_metadata = extra or {}
-    run(settings)
+    run(dataclasses.replace(settings, extra_metadata=extra or {}))
     return out
 
 
