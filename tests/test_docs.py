@@ -29,6 +29,7 @@ The rules apply to Python blocks too (keyword arguments of the same names).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -42,6 +43,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+SUPPORT = ROOT / "tests" / "support"
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 README_MAX_LINES = 200
 SHELL, PYTHON = ("bash", "console"), ("python",)
@@ -161,6 +163,34 @@ def environment() -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """:func:`environment` with ``rlcollect`` served by a warmed fork server
+    (support/bin/rlcollect): each command is a real process running the real
+    CLI, without the two seconds of imports a new interpreter pays."""
+    env = environment()
+    sock = tmp_path_factory.mktemp("docs-server") / "socket"
+    server = subprocess.Popen(
+        [sys.executable, str(SUPPORT / "forkserver.py"), "--listen", str(sock), "progress=none"],
+        cwd=sock.parent,
+        env=env,
+        stdin=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not sock.exists():
+        assert server.poll() is None and time.monotonic() < deadline, "the fork server failed"
+        time.sleep(0.05)
+    startup = {k: env[k] for k in ("PYTHONPATH", "PYTHONHASHSEED", "OMP_NUM_THREADS") if k in env}
+    yield dict(
+        env,
+        PATH=f"{SUPPORT / 'bin'}{os.pathsep}{env['PATH']}",
+        RLCOLLECT_DOCS_SERVER=str(sock),
+        RLCOLLECT_DOCS_SERVER_ENV=json.dumps(startup),
+    )
+    server.stdin.close()
+    server.wait(timeout=60)
+
+
 def test_readme_is_short():
     lines = len((ROOT / "README.md").read_text().splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES})"
@@ -188,7 +218,7 @@ def test_relative_links_resolve(path):
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
-def test_commands_run_as_written(path, tmp_path):
+def test_commands_run_as_written(path, tmp_path, served):
     if not any(b.runs for b in blocks(path)):
         pytest.skip("nothing to run")
     body = script(path, tmp_path)
@@ -198,7 +228,7 @@ def test_commands_run_as_written(path, tmp_path):
     proc = subprocess.run(
         ["bash", "-c", body],
         cwd=tmp_path,
-        env=environment(),
+        env=served,
         capture_output=True,
         text=True,
         timeout=600,

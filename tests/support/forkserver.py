@@ -11,6 +11,13 @@
     {"poll": PID}  ->  {"code": CODE or null}     its exit status if it has ended
     {"wait": PID}  ->  {"code": CODE}             wait for it (negative: the signal)
 
+    python forkserver.py --listen SOCKET WARM_ARGS...
+
+serves ``support/bin/rlcollect`` (the docs test's ``rlcollect`` on PATH) on a unix
+socket instead: a client sends its stdin, stdout and stderr (SCM_RIGHTS) with one
+JSON line ``{"cli": ARGS, "cwd": DIR, "env": {...}}`` and gets ``{"code": CODE}``
+when the command ends. The server exits when its stdin closes.
+
 A new interpreter spends about two seconds importing torch, tensordict and
 Hydra and making a run's first calls; ``warm_up`` pays that once, with one whole
 run of WARM_ARGS, and each child inherits it done. The children are real
@@ -24,6 +31,8 @@ import contextlib
 import io
 import json
 import os
+import select
+import socket
 import sys
 import tempfile
 import traceback
@@ -42,20 +51,22 @@ def warm_up(args: list[str]) -> None:
                 raise RuntimeError(f"the warm-up run failed ({exc.code})") from None
 
 
-def run_child(args: list[str], out: str, err: str | None = None, cwd=None, env=None) -> None:
+def run_child(args: list[str], out: str | None, err: str | None = None, cwd=None, env=None) -> None:
     """In a forked child: ``rlcollect args``, then exit with its status (the exit
-    hooks run first, as at a normal interpreter exit)."""
+    hooks run first, as at a normal interpreter exit). ``out=None``: fds 0-2 are
+    already the command's."""
     code = 1
     try:
         os.setsid()
         if cwd:
             os.chdir(cwd)
         os.environ.update(env or {})
-        stdout = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        stderr = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if err else stdout
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(stdout, 1)
-        os.dup2(stderr, 2)
+        if out is not None:
+            stdout = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            stderr = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if err else stdout
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(stdout, 1)
+            os.dup2(stderr, 2)
         app(args=args, prog_name="rlcollect")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
@@ -88,6 +99,44 @@ def serve() -> None:
         print(json.dumps(reply), flush=True)
 
 
+def listen(path: str) -> None:
+    """The ``--listen`` mode: one forked child per connection, its exit status
+    sent back; single-threaded (children are forked from this thread only)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen()
+    waiting: dict[int, socket.socket] = {}
+    while True:
+        ready, _, _ = select.select([server, sys.stdin], [], [], 0.01)
+        if sys.stdin in ready and not sys.stdin.readline():
+            return  # the test is over
+        if server in ready:
+            conn, _ = server.accept()
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+            while not data.endswith(b"\n"):
+                data += conn.recv(1 << 16)
+            request = json.loads(data)
+            pid = os.fork()
+            if pid == 0:
+                server.close()
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                run_child(request["cli"], None, cwd=request["cwd"], env=request["env"])
+            for fd in fds:
+                os.close(fd)
+            waiting[pid] = conn
+        for pid in list(waiting):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                conn = waiting.pop(pid)
+                conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode())
+                conn.close()
+
+
 if __name__ == "__main__":
-    warm_up(sys.argv[1:])
-    serve()
+    if sys.argv[1] == "--listen":
+        warm_up(sys.argv[3:])
+        listen(sys.argv[2])
+    else:
+        warm_up(sys.argv[1:])
+        serve()
