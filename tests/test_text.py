@@ -98,6 +98,11 @@ def test_minigrid_collects_end_to_end(cli, tmp_path, backend):
     assert image.shape == (2, 10, 7, 7, 3) and image.dtype == np.uint8
     assert (ds.array("next/observation/mission") == "get to the green goal square").all()
     assert set(np.unique(ds.array("action"))) <= set(range(7))
+    assert cli("export", str(out), "--format", "d4rl", "--out", "d.hdf5").code == 0
+    with h5py.File(tmp_path / "d.hdf5", "r") as f:
+        assert f["observations/image"].shape == (20, 7, 7, 3)
+        assert f["next_observations/mission"].dtype == np.dtype("S256")
+        assert set(f["observations/mission"][:]) == {b"get to the green goal square"}
 
 
 def test_babyai_level_collects_end_to_end(cli, tmp_path):
@@ -124,3 +129,10 @@ def test_overlong_text_is_a_runtime_error(cli, tmp_path):
     ds = open_dataset(tmp_path / "o.h5")
     assert ds.meta["frames"] == 8 and ds.meta["status"] == "interrupted"
     assert ds.array("observation")[0, :4].tolist() == toy_strings(4)[0]
+    # resumed (HDF5 reopens its byte-string datasets): the new episodes start at reset
+    res = cli("run", *TOY, "total_frames=16", "resume=true", "out=o.h5", "progress=none")
+    assert res.code == 0, res.stderr
+    assert cli("validate", "o.h5").code == 0
+    assert (
+        open_dataset(tmp_path / "o.h5").array("observation").tolist() == [toy_strings(4)[0] * 2] * 2
+    )
