@@ -110,6 +110,12 @@ def fixed_bytes(array: np.ndarray) -> np.ndarray:
     return array.view(f"S{array.shape[-1]}")[..., 0]
 
 
+def holds_text(dtype: str) -> bool:
+    """Whether an array stored with ``dtype`` (as ``Dataset.describe`` names it) is
+    Text: HDF5's fixed-length bytes, or memmap's uint8."""
+    return np.dtype(dtype).kind == "S" or np.dtype(dtype) == np.uint8
+
+
 # -- the episodes table ----------------------------------------------------------------
 EPISODES = "episodes"
 COLUMNS: dict[str, np.dtype] = {
