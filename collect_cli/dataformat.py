@@ -73,6 +73,49 @@ REQUIRED_FRAME_KEYS: dict[str, str | None] = {
     MASK: "bool",
 }
 
+# -- text (gymnasium Text observations) ---------------------------------------------------
+# In batches and memmap datasets a Text leaf is ``[..., width]`` uint8 (UTF-8, zero padded:
+# specs.encode_text); HDF5 stores it as fixed-length byte strings ``S<width>``, one a frame,
+# which plain h5py reads as ``bytes``. The metadata's observation space says which are Text.
+
+
+def text_keys(meta: dict) -> set[Key]:
+    """The frame keys holding Text (``observation/...`` and ``next/observation/...``),
+    from the serialised observation space in ``meta``."""
+    found: set[Key] = set()
+
+    def walk(desc: dict, key: Key) -> None:
+        kind = desc.get("type")
+        if kind == "Dict":
+            for name, sub in desc["spaces"].items():
+                walk(sub, (*key, str(name)))
+        elif kind == "Tuple":
+            for i, sub in enumerate(desc["spaces"]):
+                walk(sub, (*key, str(i)))
+        elif kind == "Text":
+            found.update({(OBSERVATION, *key), (NEXT, OBSERVATION, *key)})
+
+    space = meta.get("observation_space")
+    if isinstance(space, dict):
+        walk(space, ())
+    return found
+
+
+def fixed_bytes(array: np.ndarray) -> np.ndarray:
+    """Text as HDF5 stores it: ``[..., width]`` uint8 to ``S<width>`` (``S`` passes)."""
+    array = np.asarray(array)
+    if array.dtype.kind == "S":
+        return array
+    array = np.ascontiguousarray(array, np.uint8)
+    return array.view(f"S{array.shape[-1]}")[..., 0]
+
+
+def holds_text(dtype: str) -> bool:
+    """Whether an array stored with ``dtype`` (as ``Dataset.describe`` names it) is
+    Text: HDF5's fixed-length bytes, or memmap's uint8."""
+    return np.dtype(dtype).kind == "S" or np.dtype(dtype) == np.uint8
+
+
 # -- the episodes table ----------------------------------------------------------------
 EPISODES = "episodes"
 COLUMNS: dict[str, np.dtype] = {

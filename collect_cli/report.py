@@ -253,7 +253,11 @@ def _stream(src: Source, rows, stats: Stats, obs_space, act_space) -> None:
     """One pass over the frames: mask and per-lane counts, and the sampled frames."""
     lanes, steps = src.lanes, src.steps
     wanted = {
-        group: [(k, leaf) for k, leaf in _leaves(space, group) if not is_image(leaf)]
+        group: [  # Text (strings) has no distribution to plot
+            (k, leaf)
+            for k, leaf in _leaves(space, group)
+            if not is_image(leaf) and not specs.is_strings(leaf.space)
+        ]
         for group, space in ((ACTION, act_space), (OBSERVATION, obs_space))
     }
     items = [item for group in wanted.values() for item in group]

@@ -76,6 +76,13 @@ def _schema(arrays: dict, meta: dict) -> list[str]:
             wrong = "float" not in dtype if kind == "float" else kind not in (None, dtype)
             if wrong:
                 problems.append(f"{name!r} has dtype {dtype}, expected {kind}")
+    for key in sorted(fmt.text_keys(meta)):
+        name = fmt.path(key)
+        if name in arrays and not fmt.holds_text(arrays[name][1]):
+            problems.append(
+                f"{name!r} is Text in the observation space but stored as {arrays[name][1]} "
+                "(expected fixed-length bytes S<width> or uint8)"
+            )
     for column in COLUMNS:
         name = fmt.column(column)
         if name not in arrays:

@@ -221,7 +221,7 @@ def test_default_out_under_data(cli, tmp_path):
         (("bogus_key=1",), "bogus_key"),
         (("device=gpu:x",), "is not a device"),
         (("device=cuda:0",), "CUDA"),
-        (("env=gym", "env.id=toyenvs:Text-v0"), "unsupported observation space Text"),
+        (("env=gym", "env.id=toyenvs:TextAction-v0"), "unsupported action space Text"),
         (("policy=mlp", "policy.checkpoint=missing.pt"), "does not exist"),
         (("policy=mlp", "policy.checkpoint=corrupt.pt"), "not a readable state_dict"),
         (("frames_per_batch=2.5",), "frames_per_batch must be integral"),

@@ -129,3 +129,18 @@ def test_unflagged_cuts_fail_from_format_version_2(dataset, backend):
 def test_format_version_1_datasets_keep_their_rules(dataset, backend):
     assert unflag_cuts(dataset, backend, 1) > 0
     assert validate(dataset) == []
+
+
+def test_text_stored_as_numbers_fails(cli, dataset, backend):
+    """The metadata says which keys are Text: their arrays must hold bytes."""
+    text = {"type": "Text", "max_length": 4, "min_length": 1, "charset": "ab", "width": 4}
+    if backend == "hdf5":
+        with h5py.File(dataset, "r+") as f:
+            f.attrs["observation_space"] = json.dumps(text)
+    else:
+        meta_file = dataset / "rlcollect.json"
+        meta = json.loads(meta_file.read_text())
+        meta_file.write_text(json.dumps({**meta, "observation_space": text}))
+    res = cli("validate", str(dataset))
+    assert res.code == 1
+    assert "'observation' is Text in the observation space but stored as float32" in res.stdout

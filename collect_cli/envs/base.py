@@ -44,7 +44,8 @@ class VecEnv(ABC):
 
     def _init_leaves(self) -> None:
         self.obs_leaves = specs.leaves(self.observation_space, "observation space")
-        self.action_leaves = specs.leaves(self.action_space, "action space")
+        # a policy's actions are tensors: Text is recorded as an observation only
+        self.action_leaves = specs.leaves(self.action_space, "action space", text=False)
 
     @abstractmethod
     def reset(self, seeds: list[int]) -> list[np.ndarray]:

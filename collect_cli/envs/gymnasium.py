@@ -78,15 +78,17 @@ class GymnasiumVecEnv(VecEnv):
         first = self._envs[0]
         self.env_id = env_id
         self.num_envs = num_envs
-        self.observation_space = first.observation_space
+        self.observation_space = specs.recorded(first.observation_space)  # strings as Text
         self.action_space = first.action_space
         spec = first.spec
         self.max_episode_steps = spec.max_episode_steps if spec is not None else None
         self.info_keys = tuple(info_keys)
         self.info_shapes = tuple(() for _ in self.info_keys)
         self._init_leaves()
-        # one leaf, not nested: a lane's value is the leaf itself (no split/join)
-        self._flat_obs = not isinstance(self.observation_space, (gym.spaces.Dict, gym.spaces.Tuple))
+        # one array leaf, not nested: a lane's value is the leaf itself (no split/join)
+        self._flat_obs = not isinstance(
+            self.observation_space, (gym.spaces.Dict, gym.spaces.Tuple, gym.spaces.Text)
+        )
         self._flat_act = not isinstance(self.action_space, (gym.spaces.Dict, gym.spaces.Tuple))
         self._obs = self._empty_obs()
 

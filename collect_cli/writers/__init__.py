@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from collect_cli import dataformat as fmt
+from collect_cli import specs
 from collect_cli.errors import OutputError
 from collect_cli.writers.base import Writer, check_output, missing_dataset
 
@@ -77,8 +78,12 @@ class Dataset:
         return self._impl.describe_keys(self.path)
 
     def array(self, key: str):
-        """One array as numpy (``key`` joined by ``/``)."""
-        return self._impl.read_array(self.path, key)
+        """One array as numpy (``key`` joined by ``/``); a Text key's as ``str`` (an
+        object array), whichever form its backend stores."""
+        array = self._impl.read_array(self.path, key)
+        if fmt.key_of(key) in fmt.text_keys(self.meta):
+            return specs.decode_text(array)
+        return array
 
     def episodes(self) -> dict[str, Any]:
         return {name: self.array(fmt.column(name)) for name in fmt.COLUMNS}

@@ -193,13 +193,15 @@ class Source:
         self.lanes, self.steps = int(meta.get("lanes") or 0), int(meta.get("steps") or 0)
         self.lane_steps = fmt.lane_steps(meta) if self.lanes else np.zeros(0, np.int64)
         self.keys = [k for k, _, _ in ds.describe() if not fmt.is_episodes(k)]
+        self.text = {fmt.path(key) for key in fmt.text_keys(meta)}  # read as byte strings
         if fmt.MASK not in self.keys or not meta.get("frames"):
             raise DatasetError(f"{str(ds.path)!r} holds no committed frames: nothing to export")
         self._reading = contextlib.ExitStack()
         self._read = self._reading.enter_context(ds.reader(by_lane=True))
 
     def read(self, key: str, lanes: Any, start: int, stop: int) -> np.ndarray:
-        return np.asarray(self._read(key)[lanes, start:stop])
+        array = np.asarray(self._read(key)[lanes, start:stop])
+        return fmt.fixed_bytes(array) if key in self.text else array
 
     def whole(self, key: str) -> np.ndarray:
         """``[lanes, steps]`` of a per-frame scalar key (trailing ``1`` dropped)."""
@@ -299,13 +301,13 @@ def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
     with h5py.File(path, "w", locking=False) as f:
         outputs = {}
         for key in keys:
-            sample = src.read(key, 0, 0, 1)[0]
-            feat = () if names[key] == "rewards" else sample.shape
-            row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * sample.dtype.itemsize)
+            first = src.read(key, 0, 0, 1)  # its dtype: a bytes scalar's drops the padding
+            feat = () if names[key] == "rewards" else first.shape[1:]
+            row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * first.dtype.itemsize)
             outputs[key] = f.create_dataset(
                 names[key],
                 shape=(total, *feat),
-                dtype=sample.dtype,
+                dtype=first.dtype,
                 chunks=(max(1, min(total, CHUNK_BYTES // row_bytes)), *feat),
                 compression=None if compression == "none" else compression,
             )

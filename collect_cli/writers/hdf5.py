@@ -416,6 +416,7 @@ class Hdf5Writer(Writer):
         self._eoa_at: int | None = None
         self._reserved = 0
         self._seq = 0  # commits made (the last commit record's number)
+        self._text: set[tuple[str, ...]] = set()  # Text keys: stored as fixed-length bytes
         if self.lanes is not None and (why := lanes_limit(self.lanes, "env lanes")):
             raise ConfigError(
                 f"{why}: use writer=memmap, or fewer env.num_envs x collector.workers"
@@ -468,6 +469,8 @@ class Hdf5Writer(Writer):
                     self._episodes[name.split("/", 1)[1]] = Block(obj)
                 else:
                     self._frames[tuple(name.split("/"))] = Block(obj)
+                    if obj.dtype.kind == "S":
+                        self._text.add(tuple(name.split("/")))
 
         self._file.visititems(collect)
         self._created = bool(self._frames)
@@ -522,7 +525,10 @@ class Hdf5Writer(Writer):
 
     def _create(self, items, lanes: int) -> None:
         self._check_rows(lanes)
+        self._text = fmt.text_keys(self.meta)
         for key, array in items:
+            if key in self._text:
+                array = fmt.fixed_bytes(array)
             feat = array.shape[2:]
             row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * array.dtype.itemsize)
             block, steps = chunk_shape(row_bytes, len(array), array.shape[1], self.chunk_frames)
@@ -533,7 +539,7 @@ class Hdf5Writer(Writer):
                 dtype=array.dtype,
                 chunks=(block, steps, *feat),
                 compression=self.compression,
-                fillvalue=FILL.get(key, 0),
+                fillvalue=b"" if key in self._text else FILL.get(key, 0),
                 **chunk_cache(block * steps * row_bytes, -(-lanes // block)),
             )
             self._frames[key] = Block(ds)
@@ -542,7 +548,7 @@ class Hdf5Writer(Writer):
         self._reserve(2 * sum(array.nbytes for _, array in items))
         start = (lanes.start or 0, t0)
         for key, array in items:
-            self._frames[key].write(start, array)
+            self._frames[key].write(start, fmt.fixed_bytes(array) if key in self._text else array)
 
     def _write_episodes(self, rows: Rows, start: int) -> None:
         count = len(rows["traj_id"])

@@ -266,6 +266,8 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta,
             feat = shape[2:]
             dtype = _np_dtype(reads[0](key))
             fill = -1 if key == TRAJ else 0
+            if dtype.kind == "S":  # Text, as fixed-length bytes
+                fill = b""
             flagged = key in FLAGGED and any(s.cuts is not None for s in shards)
             if not virtual or key == TRAJ or flagged:
                 row = max(1, int(np.prod(feat, dtype=np.int64))) * dtype.itemsize

@@ -232,3 +232,70 @@ def test_cli_usage_errors_exit_2_one_line(cli, tmp_path, args, message):
         assert "did you mean Pendulum-v1" in lines[0]
     assert "Traceback" not in res.stderr and res.stdout == ""
     assert not (tmp_path / "ds.h5").exists()
+
+
+# -- Atari: envpool's options through env.kwargs ----------------------------------------
+SMALL = {"img_height": 42, "img_width": 42, "stack_num": 1}  # one 42x42 frame a step
+
+
+def needs_atari(env_id: str) -> None:
+    import envpool
+
+    if env_id not in envpool.list_all_envs():
+        pytest.skip(f"this envpool has no {env_id} (Atari)")
+
+
+def test_atari_kwargs_reach_envpool(cli, tmp_path):
+    needs_atari("Pong-v5")
+    kwargs = [f"+env.kwargs.{k}={v}" for k, v in SMALL.items()]
+    env = ("env=gym", "env.id=Pong-v5", "env.backend=envpool", "env.num_envs=2")
+    res = cli("run", *env, *kwargs, "total_frames=16", "frames_per_batch=8", "out=p.h5")
+    assert res.code == 0, res.stderr
+    meta = assert_consistent(tmp_path / "p.h5")
+    assert meta["observation_space"]["shape"] == [1, 42, 42]
+    from collect_cli.writers import open_dataset
+
+    obs = open_dataset(tmp_path / "p.h5").array("next/observation")
+    assert obs.shape == (2, 8, 1, 42, 42) and obs.dtype == np.uint8
+
+
+def test_atari_unknown_kwarg_is_one_line_exit_2(cli, tmp_path):
+    needs_atari("Pong-v5")
+    env = ("env=gym", "env.id=Pong-v5", "env.backend=envpool")
+    res = cli("run", *env, "+env.kwargs.stack_nm=1", "total_frames=16", "out=p.h5")
+    assert res.code == 2, res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert "env.kwargs.stack_nm is not an option of envpool's Pong-v5: choose from" in line
+    assert "stack_num" in line and res.stdout == ""
+    assert not (tmp_path / "p.h5").exists()
+
+
+def test_episodic_life_makes_each_life_a_trajectory_of_one_game():
+    """A lost life ends a trajectory (next/terminated) and the next one continues the
+    same game with one life less, as envpool's own autoreset does: not a new game."""
+    needs_atari("Breakout-v5")
+    b = collect(
+        "Breakout-v5",
+        2,
+        2 * 100,
+        kwargs={**SMALL, "episodic_life": True},
+        info_keys=["lives", "terminated"],
+    )
+    done, term = squeeze(b, ("next", "done")), squeeze(b, ("next", "terminated"))
+    lives, game_over = b[("info", "lives")], b[("info", "terminated")]
+    np.testing.assert_array_equal(done, term)  # a life's end is the env's, not a cut
+    lanes, times = np.nonzero(done[:, :-1])
+    assert len(lanes) >= 2
+    for lane, t in zip(lanes, times, strict=True):
+        if not game_over[lane, t]:  # the game goes on: no life comes back
+            assert lives[lane, t + 1] == lives[lane, t] < 5
+
+
+def test_reward_clip_records_the_sign_and_the_raw_reward_in_info():
+    needs_atari("SpaceInvaders-v5")
+    b = collect(
+        "SpaceInvaders-v5", 2, 2 * 100, kwargs={**SMALL, "reward_clip": True}, info_keys=["reward"]
+    )
+    reward, raw = squeeze(b, ("next", "reward")), b[("info", "reward")]
+    assert raw.max() > 1  # aliens are worth 5 to 30 points
+    np.testing.assert_array_equal(reward, np.sign(raw))

@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from collect_cli import specs
 from collect_cli.envs import env_factory
 from collect_cli.errors import SpaceError, UsageError
 
@@ -36,8 +37,39 @@ def test_nested_spaces_flatten_in_order():
 
 
 def test_unsupported_space_is_a_usage_error():
-    with pytest.raises(SpaceError, match="unsupported observation space Text"):
-        env_factory("toyenvs:Text-v0", 1)()
+    with pytest.raises(SpaceError, match="unsupported action space Text"):
+        env_factory("toyenvs:TextAction-v0", 1)()
+
+
+def test_text_observations_travel_as_padded_utf8():
+    """A Text leaf is [lanes, width] uint8: UTF-8 bytes, zero padded (4 bytes a
+    character for a non-ASCII charset), and decodes back to the env's strings."""
+    env = env_factory("toyenvs:Text-v0", 2)()
+    (leaf,) = env.obs_leaves
+    assert (leaf.shape, leaf.dtype) == ((24,), np.uint8)
+    obs = env.reset([0, 1])
+    assert specs.decode_text(obs[0]).tolist() == ["a", "a"]
+    step = env.step([np.zeros(2, np.int64)])
+    assert bytes(step.obs[0][0]).rstrip(b"\0") == "éb".encode()
+    assert specs.decode_text(step.next_obs[0]).tolist() == ["éb", "éb"]
+    env.close()
+
+
+def test_a_mission_space_is_recorded_as_text():
+    """MiniGrid's MissionSpace (strings, no length bound) becomes printable ASCII Text."""
+    pytest.importorskip("minigrid")
+    env = env_factory("minigrid:MiniGrid-Empty-5x5-v0", 1)()
+    mission = env.observation_space["mission"]
+    assert isinstance(mission, gym.spaces.Text)
+    assert mission.max_length == specs.STRING_SPACE_LENGTH
+    assert [(leaf.key, leaf.shape, leaf.dtype) for leaf in env.obs_leaves] == [
+        (("direction",), (), np.int64),
+        (("image",), (7, 7, 3), np.uint8),
+        (("mission",), (specs.STRING_SPACE_LENGTH,), np.uint8),
+    ]
+    obs = env.reset([0])
+    assert specs.decode_text(obs[2]).tolist() == ["get to the green goal square"]
+    env.close()
 
 
 def test_unknown_id_suggests_close_matches():

@@ -63,19 +63,47 @@ class NestedEnv(gym.Env):
 
 
 class TextEnv(gym.Env):
-    observation_space = spaces.Text(8)
+    """Text obs (non-ASCII charset): "é" * (t % 4) + "ab"[t % 2] at step t; terminates
+    after 5 steps. ``overlong``: from its 6th step on, a string longer than the space allows."""
+
+    observation_space = spaces.Text(6, min_length=1, charset="abé")
     action_space = spaces.Discrete(2)
 
+    def __init__(self, overlong: bool = False):
+        self.overlong = overlong
+        self.t = self.steps = 0
+
+    def _obs(self) -> str:
+        if self.overlong and self.steps >= 6:
+            return "é" * 40
+        return "é" * (self.t % 4) + "ab"[self.t % 2]
+
     def reset(self, *, seed=None, options=None):
-        return "a", {}
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
 
     def step(self, action):
-        return "a", 0.0, False, False, {}
+        self.t += 1
+        self.steps += 1
+        return self._obs(), 0.0, self.t >= 5, False, {}
+
+
+class TextActionEnv(gym.Env):
+    observation_space = spaces.Discrete(2)
+    action_space = spaces.Text(8)
+
+    def reset(self, *, seed=None, options=None):
+        return 0, {}
+
+    def step(self, action):
+        return 0, 0.0, False, False, {}
 
 
 gym.register("Counter-v0", entry_point=CounterEnv)
 gym.register("Nested-v0", entry_point=NestedEnv)
 gym.register("Text-v0", entry_point=TextEnv)
+gym.register("TextAction-v0", entry_point=TextActionEnv)
 
 
 class FaultyEnv(CounterEnv):
