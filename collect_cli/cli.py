@@ -7,10 +7,13 @@ so that ``--help`` and ``--version`` answer fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -123,6 +126,25 @@ def _configure_logging(debug: bool) -> None:
     )
 
 
+@contextlib.contextmanager
+def _stdout_for_results_only() -> Iterator[None]:
+    """While envs and policies run, what they print goes to stderr: file
+    descriptor 1 itself is redirected, so worker processes and C code follow."""
+    sys.stdout.flush()
+    kept = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        with contextlib.suppress(OSError, AttributeError):  # C's stdio buffer too
+            import ctypes
+
+            ctypes.CDLL(None).fflush(None)
+        os.dup2(kept, 1)
+        os.close(kept)
+
+
 def _run(overrides: list[str]) -> int:
     from collect_cli import config
     from collect_cli.progress import make_progress
@@ -132,7 +154,8 @@ def _run(overrides: list[str]) -> int:
     _configure_logging(settings.debug)
     progress = make_progress(settings.progress)
     try:
-        result = run_collection(settings, progress)
+        with _stdout_for_results_only():
+            result = run_collection(settings, progress)
     finally:
         progress.close()
     print(json.dumps(result.as_dict()), flush=True)
@@ -144,7 +167,8 @@ def _sweep(overrides: list[str], debug: bool) -> int:
     from collect_cli.sweep import run_sweep
 
     _configure_logging(debug)
-    outcome = run_sweep(overrides, Path.cwd())
+    with _stdout_for_results_only():
+        outcome = run_sweep(overrides, Path.cwd())
     for job in outcome.failed:
         if job.get("traceback"):
             print(job["traceback"], file=sys.stderr, end="")

@@ -358,3 +358,23 @@ def test_envs_json_and_cfg_job(cli):
     assert "id: CartPole-v1" in cfg.stdout and "total_frames: 10000.0" in cfg.stdout
     bad = cli("run", "--cfg", "job", "total_frames=1.5")
     assert bad.code == 2 and "integral" in bad.stderr
+
+
+@pytest.mark.parametrize("collector", ["sync", "multisync"])
+def test_stdout_carries_the_result_only(cli, tmp_path, collector):
+    """An env that prints (from Python and from C, in the main process or in a
+    worker) prints to stderr: stdout is the one JSON line a pipeline reads."""
+    res = cli(
+        "run",
+        "env=gym",
+        "env.id=toyenvs:Chatty-v0",
+        "env.num_envs=2",
+        f"collector={collector}",
+        "total_frames=40",
+        "frames_per_batch=20",
+        f"out={tmp_path / 'chatty.h5'}",
+    )
+    assert res.code == 0, res.stderr
+    (line,) = res.stdout.splitlines()
+    assert json.loads(line)["frames"] == 40
+    assert "chatty: reset\n" in res.stderr and "chatty: reset from C\n" in res.stderr

@@ -156,3 +156,18 @@ class InfoEnv(CounterEnv):
 
 
 gym.register("Info-v0", entry_point=InfoEnv)
+
+
+class ChattyEnv(CounterEnv):
+    """A Counter that prints on every reset, from Python and from C (as BabyAI's
+    level sampler and some native env libraries do)."""
+
+    def reset(self, *, seed=None, options=None):
+        import ctypes
+
+        print("chatty: reset")
+        ctypes.CDLL(None).puts(b"chatty: reset from C")
+        return super().reset(seed=seed, options=options)
+
+
+gym.register("Chatty-v0", entry_point=ChattyEnv)
