@@ -15,7 +15,8 @@
 
 serves ``support/bin/rlcollect`` (the docs test's ``rlcollect`` on PATH) on a unix
 socket instead: a client sends its stdin, stdout and stderr (SCM_RIGHTS) with one
-JSON line ``{"cli": ARGS, "cwd": DIR, "env": {...}}`` and gets ``{"code": CODE}``
+JSON line ``{"cli": ARGS, "cwd": DIR, "env": {...}}``, and gets the line
+``{"pid": PID}`` (where to send the signals it receives), then ``{"code": CODE}``
 when the command ends. The server exits when its stdin closes.
 
 A new interpreter spends about two seconds importing torch, tensordict and
@@ -124,12 +125,14 @@ def listen(path: str) -> None:
                 run_child(request["cli"], None, cwd=request["cwd"], env=request["env"])
             for fd in fds:
                 os.close(fd)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             waiting[pid] = conn
         for pid in list(waiting):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 conn = waiting.pop(pid)
-                conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode())
+                code = os.waitstatus_to_exitcode(status)
+                conn.sendall(json.dumps({"code": code}).encode() + b"\n")
                 conn.close()
 
 
