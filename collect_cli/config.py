@@ -16,13 +16,14 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from collect_cli.dataformat import CODECS, LAYOUTS, PLUGIN
 from collect_cli.errors import ConfigError
 
 ENV_BACKENDS = ("gymnasium", "envpool", "native")
 EXPLORATION_TYPES = ("random", "mode", "mean")
 NOISES = ("none", "gaussian", "epsilon")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu", "identity")
-COMPRESSIONS = ("none", "gzip", "lzf")
+COMPRESSIONS = tuple(CODECS)
 PROGRESS_MODES = ("auto", "rich", "plain", "none")
 
 
@@ -147,12 +148,15 @@ CollectorConfig = (
 class Hdf5WriterConfig:
     name: str = "hdf5"
     compression: str = "none"
+    compression_level: int | None = None  # null: the codec's default
     chunk_frames: int = 65536
+    layout: str = "auto"  # auto | full | compact (each image observation stored once)
 
 
 @dataclass
 class MemmapWriterConfig:
     name: str = "memmap"
+    layout: str = "auto"
 
 
 @dataclass
@@ -293,6 +297,35 @@ def _option(group: str, node: Any, schemas: dict[str, type]) -> Any:
         raise ConfigError(f"invalid {group} config: {_first_line(exc)}") from None
 
 
+def _importable(module: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _check_codec(name: str, level: int | None) -> None:
+    """An unknown codec, a level out of its range, or a plugin codec without the plugin."""
+    _choice("writer.compression", name, COMPRESSIONS)
+    _, levels, _, plugin = CODECS[name]
+    if level is not None and levels is None:
+        raise ConfigError(
+            f"writer.compression={name} takes no level: drop writer.compression_level"
+        )
+    if level is not None and not levels[0] <= level <= levels[1]:
+        raise ConfigError(
+            f"writer.compression_level={level} is out of range for {name}: {levels[0]}..{levels[1]}"
+        )
+    if plugin and not _importable(PLUGIN):
+        raise ConfigError(
+            f"writer.compression={name} needs {PLUGIN}: pip install 'rlcollect[codecs]' "
+            "(or choose gzip or lzf)"
+        )
+
+
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ConfigError(f"{key}={value!r} is not valid: choose from {', '.join(choices)}")
@@ -357,8 +390,14 @@ def load(cfg: DictConfig) -> Settings:
         _choice("policy.activation", policy.activation, ACTIVATIONS)
         if not policy.hidden or any(h < 1 for h in policy.hidden):
             raise ConfigError(f"policy.hidden must be positive sizes, got {policy.hidden}")
+    _choice("writer.layout", writer.layout, LAYOUTS)
+    if writer.layout == "compact" and isinstance(postproc, MultiStepPostprocConfig):
+        raise ConfigError(
+            "writer.layout=compact cannot hold postproc=multistep (next/observation looks "
+            "n steps ahead): use writer.layout=auto or full"
+        )
     if isinstance(writer, Hdf5WriterConfig):
-        _choice("writer.compression", writer.compression, COMPRESSIONS)
+        _check_codec(writer.compression, writer.compression_level)
         if writer.chunk_frames < 1:
             raise ConfigError(f"writer.chunk_frames must be positive, got {writer.chunk_frames}")
 
