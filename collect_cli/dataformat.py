@@ -262,6 +262,7 @@ def final_key(obs_key: Key) -> Key:
     return (FINAL, *obs_key)
 
 
+# durability D16 (docs/durability.md)
 def final_points(traj: np.ndarray, mask: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, ...]:
     """``(lanes, times)`` of a ``[lanes, time]`` batch whose next observation the compact
     layout keeps: valid frames that end an episode (``done``), whose lane's next valid
@@ -276,6 +277,7 @@ def final_points(traj: np.ndarray, mask: np.ndarray, done: np.ndarray) -> tuple[
     return np.nonzero(keep)
 
 
+# durability D16 (docs/durability.md)
 def valid_finals(lane: np.ndarray, time: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Which rows of the ``final/`` table count: written (lane >= 0) and inside their
     lane's committed steps ``ends`` (rows past them belong to frames a kill lost)."""

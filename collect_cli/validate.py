@@ -87,6 +87,7 @@ def _schema(arrays: dict, meta: dict) -> list[str]:
     return problems
 
 
+# durability D16 (docs/durability.md)
 def _compact(ds, meta: dict, traj: np.ndarray, valid: np.ndarray, done: np.ndarray) -> list[str]:
     """A compact dataset keeps every valid frame's next observation: the lane's next
     frame (same trajectory, not an episode end) or a ``final/`` row (durability D13)."""

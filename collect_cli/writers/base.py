@@ -314,7 +314,7 @@ class Writer(abc.ABC):
             raise self._os_error(exc) from exc
         return self
 
-    # durability D13 (docs/durability.md)
+    # durability D13, D16 (docs/durability.md)
     def _drop_stale_finals(self) -> None:
         """Cut the ``final/`` table after its last row inside the committed steps:
         rows after it were written for frames the kill lost (all at the table's end)."""
@@ -344,6 +344,7 @@ class Writer(abc.ABC):
         self.meta[fmt.LAYOUT] = fmt.COMPACT if self.compact else fmt.FULL
         self.meta[fmt.COMPACT_KEYS] = [fmt.path(k) for k in self.compact]
 
+    # durability D16 (docs/durability.md)
     def _split_finals(
         self, items: list[tuple[fmt.Key, np.ndarray]], lane_start: int, t0: int
     ) -> tuple[list[tuple[fmt.Key, np.ndarray]], dict[fmt.Key, np.ndarray]]:
