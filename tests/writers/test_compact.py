@@ -236,3 +236,27 @@ def test_a_codec_without_its_plugin_is_a_usage_error(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'rlcollect[codecs]'" in lines[0], res.stderr
     assert not out.parent.exists()
+
+
+def test_the_rule_across_batches_with_padding_inside_a_trajectory():
+    """A preempted worker's padding inside a trajectory, an episode end, a batch end:
+    next/observation comes back as the collector gave it (pure dataformat rules)."""
+    traj = np.array([[0, 0, -1, -1, 0, 1, 1]])
+    mask = traj >= 0
+    done = np.array([[0, 0, 0, 0, 1, 0, 0]], bool)
+    obs = np.arange(7)[None, :] * 10  # frame t shows 10 t
+    true_next = np.array([[10, 15, 0, 0, 45, 60, 65]])  # 15, 45, 65: what only the env saw
+    lanes, times, values = [], [], []
+    for t0, t1 in ((0, 4), (4, 7)):  # two batches
+        lane, time = fmt.final_points(traj[:, t0:t1], mask[:, t0:t1], done[:, t0:t1])
+        lanes += lane.tolist()
+        times += (time + t0).tolist()
+        values += true_next[lane, time + t0].tolist()
+    assert list(zip(lanes, times, strict=True)) == [(0, 1), (0, 4), (0, 6)]
+    ends = np.array([7])
+    t_next, row = fmt.next_sources(traj, mask, np.array(lanes), np.array(times), ends)
+    rebuilt = fmt.rebuild_next(obs, np.array(values), t_next, row)
+    np.testing.assert_array_equal(rebuilt, true_next)
+    # rows past the committed steps (a killed run's next batch) do not count
+    t_next, row = fmt.next_sources(traj, mask, np.array(lanes), np.array(times), np.array([5]))
+    assert row[0, 6] == -1 and row[0, 4] >= 0
