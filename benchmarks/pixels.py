@@ -99,16 +99,18 @@ def bare_pong(envpool: bool, num_envs: int, frames: int) -> float:
         import envpool as ep
 
         env = ep.make("Pong-v5", env_type="gymnasium", num_envs=num_envs, seed=0)
+        env.reset()
     else:
         import ale_py
 
         gym.register_envs(ale_py)
         env = gym.make_vec("ALE/Pong-v5", num_envs=num_envs, vectorization_mode="sync")
-    env.reset(seed=0)
-    act = env.action_space
+        env.reset(seed=0)
+    n = int(env.action_space.n if envpool else env.single_action_space.n)
+    rng = np.random.default_rng(0)
     start = time.perf_counter()
     for _ in range(frames // num_envs):
-        env.step(act.sample())
+        env.step(rng.integers(0, n, num_envs, dtype=np.int32))  # envpool takes int32
     seconds = time.perf_counter() - start
     env.close()
     return frames // num_envs * num_envs / seconds
