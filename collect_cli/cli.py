@@ -205,6 +205,7 @@ def _guarded(fn, debug: bool) -> int:
 
 
 def _info_dict(path: Path) -> dict[str, Any]:
+    from collect_cli import dataformat as fmt
     from collect_cli import provenance
     from collect_cli.dataformat import return_stats
     from collect_cli.writers import open_dataset
@@ -230,6 +231,8 @@ def _info_dict(path: Path) -> dict[str, Any]:
         "complete_episodes": int(rows["complete"].sum()),
         "return": stats,
         "keys": [{"key": k, "shape": list(s), "dtype": d} for k, s, d in ds.describe()],
+        "layout": meta.get(fmt.LAYOUT, fmt.FULL),
+        "codec": meta.get(fmt.CODEC),
         "size_bytes": sum(f.stat().st_blocks * 512 for f in files),
         "start_time": meta.get("start_time"),
         "end_time": meta.get("end_time"),
@@ -503,6 +506,15 @@ def _print_info(data: dict[str, Any]) -> None:
         "end_time",
     ):
         summary.add_row(field, str(data[field]))
+    layout = data["layout"]
+    if layout == "compact":
+        layout += " (each image frame stored once: next/observation rebuilt on read)"
+    summary.add_row("layout", layout)
+    codec = data["codec"] or {}
+    if codec.get("name", "none") != "none":
+        level = f" level {codec['level']}" if codec.get("level") is not None else ""
+        plugin = f" (other readers: import {codec['plugin']})" if codec.get("plugin") else ""
+        summary.add_row("codec", f"{codec['name']}{level}{plugin}")
     if data["return"]:
         r = data["return"]
         summary.add_row(

@@ -16,13 +16,14 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from collect_cli.dataformat import CODECS, LAYOUTS, PLUGIN
 from collect_cli.errors import ConfigError
 from collect_cli.rollout import RolloutOptions
 
 ENV_BACKENDS = ("gymnasium", "envpool", "native")
 NOISES = ("none", "gaussian", "epsilon")
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu", "identity")
-COMPRESSIONS = ("none", "gzip", "lzf")
+COMPRESSIONS = tuple(CODECS)
 PROGRESS_MODES = ("auto", "rich", "plain", "none")
 START_METHODS = ("auto", "fork", "spawn", "forkserver")
 
@@ -163,12 +164,14 @@ class MultiSyncCollectorConfig(MultiCollectorConfig):
 @dataclass
 class WriterConfig:
     name: str = MISSING
+    layout: str = "auto"  # auto | full | compact (each image observation stored once)
 
 
 @dataclass
 class Hdf5WriterConfig(WriterConfig):
     name: str = "hdf5"
-    compression: str = "none"  # none | gzip | lzf
+    compression: str = "none"  # none | gzip | lzf | zstd | lz4 | blosc2 | blosc2-zstd
+    compression_level: int | None = None  # None: the codec's default
     chunk_frames: int = 65536  # frames per chunk (lanes x time steps), at most
 
 
@@ -316,6 +319,35 @@ def _as_int(name: str, value: Any, *, allow_endless: bool = False) -> int:
     return value
 
 
+def _importable(module: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _check_codec(name: str, level: int | None) -> None:
+    """An unknown codec, a level out of its range, or a plugin codec without the plugin."""
+    _choice("writer.compression", name, COMPRESSIONS)
+    _, levels, _, plugin = CODECS[name]
+    if level is not None and levels is None:
+        raise ConfigError(
+            f"writer.compression={name} takes no level: drop writer.compression_level"
+        )
+    if level is not None and not levels[0] <= level <= levels[1]:
+        raise ConfigError(
+            f"writer.compression_level={level} is out of range for {name}: {levels[0]}..{levels[1]}"
+        )
+    if plugin and not _importable(PLUGIN):
+        raise ConfigError(
+            f"writer.compression={name} needs {PLUGIN}: pip install 'rlcollect[codecs]' "
+            "(or choose gzip or lzf)"
+        )
+
+
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ConfigError(f"{key}={value!r} is not valid: choose from {', '.join(choices)}")
@@ -389,8 +421,9 @@ def load(cfg: DictConfig) -> Settings:
     threshold = getattr(collector, "preemptive_threshold", 1.0)
     if not 0.0 < threshold <= 1.0:
         raise ConfigError(f"collector.preemptive_threshold must be in (0, 1], got {threshold}")
+    _choice("writer.layout", writer.layout, LAYOUTS)
     if isinstance(writer, Hdf5WriterConfig):
-        _choice("writer.compression", writer.compression, COMPRESSIONS)
+        _check_codec(writer.compression, writer.compression_level)
         if writer.chunk_frames < 1:
             raise ConfigError(f"writer.chunk_frames must be positive, got {writer.chunk_frames}")
     if isinstance(postproc, MultiStepPostprocConfig):
@@ -444,6 +477,11 @@ def _combinations(s: Settings) -> None:
     if isinstance(s.postproc, MultiStepPostprocConfig) and threshold < 1.0:
         raise ConfigError(
             "postproc=multistep needs whole batches: drop collector.preemptive_threshold"
+        )
+    if s.writer.layout == "compact" and isinstance(s.postproc, MultiStepPostprocConfig):
+        raise ConfigError(
+            "writer.layout=compact cannot hold postproc=multistep (next/observation looks "
+            "n steps ahead): use writer.layout=auto or full"
         )
     if s.resume and s.overwrite:
         raise ConfigError("resume=true and overwrite=true contradict each other: pick one")

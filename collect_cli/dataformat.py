@@ -262,3 +262,128 @@ def cut_points(rows: Rows, mask: np.ndarray, ends: np.ndarray) -> tuple[np.ndarr
     lanes = rows["lane"][cut]
     last = last_valid(mask[lanes], np.asarray(ends)[lanes]) if len(lanes) else lanes
     return lanes, last
+
+
+# -- observation layouts ---------------------------------------------------------------
+# ``full`` stores next/observation as its own array. ``compact`` stores each observation
+# once: next/observation is the lane's next frame, except where that frame is not the
+# same trajectory's next state (an episode's end, a cut, a batch's last step), and
+# there the true next observation is kept in the ``final/`` table (lane, time, value).
+AUTO, FULL, COMPACT = "auto", "full", "compact"
+LAYOUTS = (AUTO, FULL, COMPACT)
+LAYOUT = "layout"  # metadata: the layout written (full | compact)
+COMPACT_KEYS = "compact_keys"  # metadata: the observation keys stored once ("/"-joined)
+CODEC = "codec"  # metadata: {name, level, filter id, plugin}: what a reader needs
+FINAL = "final"
+FINAL_LANE_KEY: Key = (FINAL, "lane")
+FINAL_TIME_KEY: Key = (FINAL, "time")
+FINAL_FILL = -1  # a final row not written (or dropped by a resume): lane and time -1
+
+
+def is_image(shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """An image observation: uint8 of rank >= 2 per frame (HxW, HxWxC, CxHxW, stacks)."""
+    return np.dtype(dtype) == np.uint8 and len(shape) >= 2
+
+
+def compact_keys(leaves: list[tuple[Key, tuple[int, ...], np.dtype]], layout: str) -> list[Key]:
+    """The observation keys a dataset stores once: ``leaves`` are ``(key, per-frame
+    shape, dtype)`` of the first batch. ``auto``: the image ones; ``compact``: all."""
+    if layout == FULL:
+        return []
+    return [
+        key
+        for key, shape, dtype in leaves
+        if key[:1] == (OBSERVATION,) and (layout == COMPACT or is_image(shape, dtype))
+    ]
+
+
+def next_key(obs_key: Key) -> Key:
+    return (NEXT, *obs_key)
+
+
+def final_key(obs_key: Key) -> Key:
+    return (FINAL, *obs_key)
+
+
+# durability D16 (docs/durability.md)
+def final_points(traj: np.ndarray, mask: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(lanes, times)`` of a ``[lanes, time]`` batch whose next observation the compact
+    layout keeps: valid frames that end an episode (``done``), whose lane's next valid
+    frame in the batch is another trajectory's, or that have none in the batch (the
+    batch's last step: the next batch may never come, durability D13)."""
+    lanes, steps = mask.shape
+    nxt = np.full(lanes, -1, np.int64)  # traj id of the next valid frame, walking back
+    keep = np.zeros_like(mask)
+    for t in range(steps - 1, -1, -1):
+        keep[:, t] = mask[:, t] & (done[:, t] | (nxt != traj[:, t]))
+        nxt = np.where(mask[:, t], traj[:, t], nxt)
+    return np.nonzero(keep)
+
+
+# durability D16 (docs/durability.md)
+def valid_finals(lane: np.ndarray, time: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which rows of the ``final/`` table count: written (lane >= 0) and inside their
+    lane's committed steps ``ends`` (rows past them belong to frames a kill lost)."""
+    lane, time = np.asarray(lane), np.asarray(time)
+    ok = (lane >= 0) & (lane < len(ends))
+    ok[ok] &= time[ok] < np.asarray(ends)[lane[ok]]
+    return ok
+
+
+def next_sources(
+    traj: np.ndarray, mask: np.ndarray, lane: np.ndarray, time: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where the compact layout keeps each frame's next observation, ``[lanes, time]``:
+    ``(t_next, row)``: ``row >= 0`` is a ``final/`` row; else ``t_next >= 0`` is the
+    lane's next valid frame, whose observation it is; both -1 for padding (zeros)."""
+    lanes, steps = mask.shape
+    t_next = np.full((lanes, steps), -1, np.int64)
+    nxt = np.full(lanes, -1, np.int64)
+    for t in range(steps - 1, -1, -1):
+        t_next[:, t] = np.where(mask[:, t], nxt, -1)
+        nxt = np.where(mask[:, t], t, nxt)
+    row = np.full((lanes, steps), -1, np.int64)
+    ok = np.flatnonzero(valid_finals(lane, time, ends))
+    row[np.asarray(lane)[ok], np.asarray(time)[ok]] = ok  # a later row wins
+    t_next[row >= 0] = -1
+    return t_next, row
+
+
+def rebuild_next(
+    obs: np.ndarray, finals: np.ndarray, t_next: np.ndarray, row: np.ndarray
+) -> np.ndarray:
+    """next/observation of lanes ``[L, T, ...]`` from their observations, the
+    ``final/`` values and :func:`next_sources` of those lanes."""
+    out = np.zeros_like(obs)
+    lanes, times = np.nonzero(t_next >= 0)
+    out[lanes, times] = obs[lanes, t_next[lanes, times]]
+    lanes, times = np.nonzero(row >= 0)
+    if len(lanes):
+        out[lanes, times] = finals[row[lanes, times]]
+    return out
+
+
+# -- codecs (writer.compression) -------------------------------------------------------
+# name -> (HDF5 filter id, level range or None, default level, needs hdf5plugin). The
+# plugin codecs are read back only where ``import hdf5plugin`` registered their filters.
+CODECS: dict[str, tuple[int | None, tuple[int, int] | None, int | None, bool]] = {
+    "none": (None, None, None, False),
+    "gzip": (1, (0, 9), 4, False),
+    "lzf": (32000, None, None, False),
+    "zstd": (32015, (1, 22), 3, True),
+    "lz4": (32004, None, None, True),
+    "blosc2": (32026, (0, 9), 5, True),  # Blosc2's lz4 with byte-shuffle
+    "blosc2-zstd": (32026, (0, 9), 5, True),
+}
+PLUGIN = "hdf5plugin"
+
+
+def codec_meta(name: str, level: int | None) -> dict:
+    """The ``codec`` metadata of a dataset written with ``name`` at ``level``."""
+    filter_id, levels, default, plugin = CODECS[name]
+    return {
+        "name": name,
+        "level": (default if level is None else level) if levels else None,
+        "filter_id": filter_id,
+        "plugin": PLUGIN if plugin else None,
+    }

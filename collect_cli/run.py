@@ -20,6 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from collect_cli import __version__, provenance, specs
+from collect_cli import dataformat as fmt
 from collect_cli.config import Settings
 from collect_cli.errors import ConfigError, DeviceError
 from collect_cli.rollout import RolloutOptions
@@ -293,9 +294,13 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
                 (
                     "observation space",
                     specs.describe(collector.observation_space),
-                    meta.get("observation_space"),
+                    _described(meta.get("observation_space")),
                 ),
-                ("action space", specs.describe(collector.action_space), meta.get("action_space")),
+                (
+                    "action space",
+                    specs.describe(collector.action_space),
+                    _described(meta.get("action_space")),
+                ),
                 ("policy checkpoint", *_checkpoints(settings, meta)),
                 *(
                     (key, value, meta.get(key, value))
@@ -358,7 +363,12 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
         report()
 
     report()
-    pipe = WriteBehind(stream, committed, background=not collector.busy_in_python)
+    # Envs stepped in this process keep the GIL busy, so writing there is inline;
+    # but image frames make the writer's work (compression, I/O) large, and the
+    # codecs and the env's C++ step (ALE) run without the GIL: then it overlaps.
+    leaves = specs.leaves(collector.observation_space)
+    images = any(fmt.is_image(leaf.shape, leaf.dtype) for leaf in leaves)
+    pipe = WriteBehind(stream, committed, background=images or not collector.busy_in_python)
     try:
         with trap_signals(flag):
             batches = collector.iter_with_lanes()
@@ -392,6 +402,11 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
 
 
 # durability D12 (docs/durability.md)
+def _described(desc: dict | None) -> dict | None:
+    """A stored space description as this version writes it (bounds may be lists)."""
+    return None if desc is None else specs.describe(specs.rebuild(desc))
+
+
 def _close_quietly(writer, status: str) -> None:
     try:
         writer.close(status)

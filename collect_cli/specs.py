@@ -167,7 +167,9 @@ def describe(space: spaces.Space) -> dict[str, Any]:
         }
     desc: dict[str, Any] = {"type": type(space).__name__, "dtype": str(np.dtype(space.dtype))}
     if isinstance(space, spaces.Box):
-        desc.update(shape=list(space.shape), low=space.low.tolist(), high=space.high.tolist())
+        # one number where every entry has the same bound (images): a Pong frame's
+        # lists would make a 1 MB attribute, rewritten and compared at every commit
+        desc.update(shape=list(space.shape), low=_bound(space.low), high=_bound(space.high))
     elif isinstance(space, spaces.Discrete):
         desc.update(n=int(space.n), start=int(space.start))
     elif isinstance(space, spaces.MultiDiscrete):
@@ -175,6 +177,11 @@ def describe(space: spaces.Space) -> dict[str, Any]:
     elif isinstance(space, spaces.MultiBinary):
         desc.update(n=np.asarray(space.n).tolist())
     return desc
+
+
+def _bound(values: np.ndarray) -> Any:
+    flat = values.reshape(-1)
+    return flat[0].item() if len(flat) and (flat == flat[0]).all() else values.tolist()
 
 
 def rebuild(desc: dict[str, Any]) -> spaces.Space:
@@ -189,7 +196,9 @@ def rebuild(desc: dict[str, Any]) -> spaces.Space:
         return spaces.Text(length, min_length=least, charset=desc["charset"])
     dtype = np.dtype(desc["dtype"])
     if kind == "Box":
-        low, high = np.array(desc["low"], dtype), np.array(desc["high"], dtype)
+        shape = tuple(desc["shape"])
+        low = np.broadcast_to(np.array(desc["low"], dtype), shape).copy()
+        high = np.broadcast_to(np.array(desc["high"], dtype), shape).copy()
         return spaces.Box(low, high, desc["shape"], dtype)
     if kind == "Discrete":
         return spaces.Discrete(desc["n"], start=desc["start"])

@@ -94,6 +94,26 @@ def _schema(arrays: dict, meta: dict) -> list[str]:
     return problems
 
 
+# durability D16 (docs/durability.md)
+def _compact(ds, meta: dict, traj: np.ndarray, valid: np.ndarray, done: np.ndarray) -> list[str]:
+    """A compact dataset keeps every valid frame's next observation: the lane's next
+    frame (same trajectory, not an episode end) or a ``final/`` row (durability D13)."""
+    stored = {key for key, _, _ in ds.stored()}
+    needed = [fmt.FINAL_LANE_KEY, fmt.FINAL_TIME_KEY, *map(fmt.final_key, ds.compact)]
+    absent = [fmt.path(k) for k in needed if fmt.path(k) not in stored]
+    if absent:
+        return [f"layout compact without {absent[0]!r}: next/observation cannot be rebuilt"]
+    lane = ds.array(fmt.path(fmt.FINAL_LANE_KEY))
+    time = ds.array(fmt.path(fmt.FINAL_TIME_KEY))
+    t_next, row = fmt.next_sources(traj, valid, lane, time, fmt.lane_steps(meta))
+    lanes = np.arange(len(traj))[:, None]
+    follows = (t_next >= 0) & (traj[lanes, np.maximum(t_next, 0)] == traj) & ~done
+    lost = valid & (row < 0) & ~follows
+    if lost.any():
+        return [f"{int(lost.sum())} frames' next/observation is lost (no final/ row)"]
+    return []
+
+
 def _frames_and_episodes(ds, meta: dict, notes: list[str]) -> list[str]:
     problems = []
     lanes, steps = meta["lanes"], meta["steps"]
@@ -120,6 +140,8 @@ def _frames_and_episodes(ds, meta: dict, notes: list[str]) -> list[str]:
         problems.append(f"{int((traj[valid] < 0).sum())} valid frames have a negative traj_id")
     if not (done[valid] == (term[valid] | trunc[valid])).all():
         problems.append("next/done differs from next/terminated | next/truncated")
+    if ds.compact:
+        problems += _compact(ds, meta, traj, valid, done)
 
     # per lane, in time order (padding skipped), the id changes exactly after a frame
     # that ends its trajectory: a done frame, or the last frame of one the dataset cut

@@ -213,8 +213,14 @@ class Writer(abc.ABC):
         overwrite: bool = False,
         planned_steps: int | None = None,
         lanes: int | None = None,
+        layout: str = fmt.AUTO,
     ):
         self.path = Path(path)
+        self.layout = layout  # auto | full | compact: how observations are stored
+        # observation keys stored once (compact layout), and the final/ table's specs
+        self.compact: list[fmt.Key] = []
+        self.final_specs: dict[fmt.Key, tuple[tuple[int, ...], np.dtype]] = {}
+        self.finals = 0  # rows of the final/ table written
         self.overwrite = overwrite
         self.planned_steps = planned_steps
         self.lanes = lanes  # default: the width of the first batch
@@ -287,7 +293,10 @@ class Writer(abc.ABC):
             self.steps = int(self.cursor.max()) if len(self.cursor) else 0
             self.tracker = self._tracker(self.lanes)
             self.tracker.start[:] = self.cursor
+            self.compact = [fmt.key_of(k) for k in disk.get(fmt.COMPACT_KEYS) or []]
             self._drop_uncommitted()
+            if self.compact and self._created:
+                self._drop_stale_finals()
             known = self._read(fmt.column("traj_id"))[: self.episodes]
             self.next_traj_id = int(known.max()) + 1 if len(known) else 0
             if self._created:
@@ -304,6 +313,55 @@ class Writer(abc.ABC):
         except OSError as exc:
             raise self._os_error(exc) from exc
         return self
+
+    # durability D13, D16 (docs/durability.md)
+    def _drop_stale_finals(self) -> None:
+        """Cut the ``final/`` table after its last row inside the committed steps:
+        rows after it were written for frames the kill lost (all at the table's end)."""
+        lane = self._read(fmt.path(fmt.FINAL_LANE_KEY))
+        time = self._read(fmt.path(fmt.FINAL_TIME_KEY))
+        valid = np.flatnonzero(fmt.valid_finals(lane, time, self.cursor))
+        self.finals = int(valid[-1]) + 1 if len(valid) else 0
+        self._cut_finals(self.finals)
+
+    def _plan_layout(self, items: list[tuple[fmt.Key, np.ndarray]]) -> None:
+        """Pick the observation keys stored once (first batch) and record the layout."""
+        if fmt.lookahead(self.meta) > 1:
+            if self.layout == fmt.COMPACT:
+                raise UsageError(
+                    "writer.layout=compact cannot hold postproc=multistep (next/observation "
+                    "looks n steps ahead): use writer.layout=full or auto"
+                )
+            self.compact = []
+        else:
+            leaves = [(k, a.shape[2:], a.dtype) for k, a in items]
+            self.compact = fmt.compact_keys(leaves, self.layout)
+        shapes = {k: (a.shape[2:], a.dtype) for k, a in items}
+        self.final_specs = {fmt.final_key(k): shapes[k] for k in self.compact}
+        if self.compact:
+            self.final_specs[fmt.FINAL_LANE_KEY] = ((), np.dtype(np.int64))
+            self.final_specs[fmt.FINAL_TIME_KEY] = ((), np.dtype(np.int64))
+        self.meta[fmt.LAYOUT] = fmt.COMPACT if self.compact else fmt.FULL
+        self.meta[fmt.COMPACT_KEYS] = [fmt.path(k) for k in self.compact]
+
+    # durability D16 (docs/durability.md)
+    def _split_finals(
+        self, items: list[tuple[fmt.Key, np.ndarray]], lane_start: int, t0: int
+    ) -> tuple[list[tuple[fmt.Key, np.ndarray]], dict[fmt.Key, np.ndarray]]:
+        """The batch's items without the compact keys' next/observation, and the
+        ``final/`` rows that keep what the next frame cannot give."""
+        if not self.compact:
+            return items, {}
+        arrays = dict(items)
+        traj, mask = arrays[fmt.TRAJ_KEY], arrays[fmt.MASK_KEY]
+        done = arrays[fmt.DONE_KEY].reshape(mask.shape)
+        lanes, times = fmt.final_points(traj, mask, done)
+        drop = {fmt.next_key(k) for k in self.compact}
+        # the values first, lane and time last: a row counts once its time is written
+        rows = {fmt.final_key(k): arrays[fmt.next_key(k)][lanes, times] for k in self.compact}
+        rows[fmt.FINAL_LANE_KEY] = (lanes + lane_start).astype(np.int64)
+        rows[fmt.FINAL_TIME_KEY] = (times + t0).astype(np.int64)
+        return [(k, a) for k, a in items if k not in drop], rows
 
     def _tracker(self, lanes: int) -> EpisodeTracker:
         # without resets at episode ends, a trajectory (one row) spans episodes
@@ -361,7 +419,8 @@ class Writer(abc.ABC):
                 self.meta["lanes"] = self.lanes
                 self.cursor = np.zeros(self.lanes, np.int64)
                 self.tracker = self._tracker(self.lanes)
-                self._create(items, self.lanes)
+                self._plan_layout(items)
+                self._create([(k, a) for k, a in items if k not in self._dropped], self.lanes)
                 self._created = True
             elif lane_start + width > self.lanes:  # new rows (a dataset of whole episodes)
                 self._grow_lanes(lane_start + width)
@@ -371,7 +430,11 @@ class Writer(abc.ABC):
                 self.lanes = self.meta["lanes"] = lane_start + width
             group = slice(lane_start, lane_start + width)
             t0 = int(self.cursor[group].max())
+            items, finals = self._split_finals(items, lane_start, t0)
             self._write_frames(items, group, t0, steps)
+            if finals:
+                self._write_finals(finals, self.finals)
+                self.finals += len(finals[fmt.FINAL_TIME_KEY])
             rows = self.tracker.update(batch, t0, lane_start)
             self._flag_cuts(*self.tracker.cuts)
             self._write_episodes(rows, self.episodes)
@@ -427,6 +490,10 @@ class Writer(abc.ABC):
             with contextlib.suppress(OSError):
                 self._close()
 
+    @property
+    def _dropped(self) -> set[fmt.Key]:
+        return {fmt.next_key(k) for k in self.compact}
+
     def _os_error(self, exc: OSError) -> WriteError:
         reason = exc.strerror or str(exc)
         return WriteError(
@@ -477,6 +544,14 @@ class Writer(abc.ABC):
 
     @abc.abstractmethod
     def _write_episodes(self, rows: Rows, start: int) -> None: ...
+
+    @abc.abstractmethod
+    def _write_finals(self, rows: dict[fmt.Key, np.ndarray], start: int) -> None:
+        """Write rows ``start...`` of the ``final/`` table (made by ``_create``)."""
+
+    @abc.abstractmethod
+    def _cut_finals(self, count: int) -> None:
+        """Keep the first ``count`` rows of the ``final/`` table."""
 
     @abc.abstractmethod
     def _commit(self) -> None: ...

@@ -39,7 +39,7 @@ JSON_ATTRS = (
 NULLABLE_TEXT = ("end_time",)  # None is stored as "" (and read back as None)
 TEXT = h5py.string_dtype()  # how h5py stores a str: variable-length UTF-8
 TEXT_INFO = h5py.check_string_dtype(TEXT)
-FILL = {fmt.TRAJ_KEY: -1}  # frames not written yet are padding
+FILL = {fmt.TRAJ_KEY: -1, fmt.FINAL_LANE_KEY: fmt.FINAL_FILL, fmt.FINAL_TIME_KEY: fmt.FINAL_FILL}
 RESERVE_MARGIN = 1 << 20  # room for HDF5 metadata and for closing after a failed reservation
 CHUNK_MIN, CHUNK_TARGET, CHUNK_MAX = 256 << 10, 512 << 10, 1 << 20  # bytes per chunk
 CACHE_MAX = 64 << 20  # chunk cache per dataset, at most
@@ -401,17 +401,64 @@ def decode_attrs(attrs: h5py.AttributeManager) -> dict[str, Any]:
     return meta
 
 
+def load_plugin() -> None:
+    """Register hdf5plugin's filters (zstd, lz4, Blosc2) with HDF5, once."""
+    try:
+        import hdf5plugin  # noqa: F401  (importing it registers the filters)
+    except ImportError:
+        raise ConfigError(
+            "this codec needs hdf5plugin: pip install 'rlcollect[codecs]' (or hdf5plugin)"
+        ) from None
+
+
+def codec_filter(name: str, level: int | None) -> dict[str, Any]:
+    """h5py ``create_dataset`` options for codec ``name`` (``fmt.CODECS``) at ``level``."""
+    meta = fmt.codec_meta(name, level)
+    level = meta["level"]
+    if name == "none":
+        return {}
+    if name == "gzip":
+        return {"compression": "gzip", "compression_opts": level}
+    if name == "lzf":
+        return {"compression": "lzf"}
+    load_plugin()
+    import hdf5plugin
+
+    if name == "zstd":
+        return dict(hdf5plugin.Zstd(clevel=level))
+    if name == "lz4":
+        return dict(hdf5plugin.LZ4())
+    cname = "zstd" if name == "blosc2-zstd" else "lz4"
+    return dict(hdf5plugin.Blosc2(cname=cname, clevel=level, filters=hdf5plugin.Blosc2.SHUFFLE))
+
+
+def needs_plugin(meta: dict[str, Any]) -> None:
+    """Load hdf5plugin where the dataset's codec needs it (readers need no extra step)."""
+    if (meta.get(fmt.CODEC) or {}).get("plugin"):
+        load_plugin()
+
+
 class Hdf5Writer(Writer):
     backend = "hdf5"
 
-    def __init__(self, path, *, compression: str = "none", chunk_frames: int = 65536, **kw):
+    def __init__(
+        self,
+        path,
+        *,
+        compression: str = "none",
+        compression_level: int | None = None,
+        chunk_frames: int = 65536,
+        **kw,
+    ):
         super().__init__(path, **kw)
-        self.compression = None if compression == "none" else compression
+        self.codec = codec_filter(compression, compression_level)
+        self.meta[fmt.CODEC] = fmt.codec_meta(compression, compression_level)
         self.chunk_frames = chunk_frames
         self._file: h5py.File | None = None
         self._attrs: RootAttrs | None = None
         self._frames: dict[tuple[str, ...], Block] = {}
         self._episodes: dict[str, Block] = {}
+        self._finals: dict[tuple[str, ...], Block] = {}
         self._fd: int | None = None
         self._eoa_at: int | None = None
         self._reserved = 0
@@ -467,14 +514,17 @@ class Hdf5Writer(Writer):
             if isinstance(obj, h5py.Dataset):
                 if fmt.is_episodes(name):
                     self._episodes[name.split("/", 1)[1]] = Block(obj)
+                elif fmt.key_of(name)[0] == fmt.FINAL:
+                    self._finals[fmt.key_of(name)] = Block(obj)
                 else:
                     self._frames[tuple(name.split("/"))] = Block(obj)
                     if obj.dtype.kind == "S":
                         self._text.add(tuple(name.split("/")))
 
+        meta, self._seq = file_meta(self._file.attrs)
+        needs_plugin(meta)
         self._file.visititems(collect)
         self._created = bool(self._frames)
-        meta, self._seq = file_meta(self._file.attrs)
         return meta
 
     def _drop_uncommitted(self) -> None:
@@ -489,6 +539,10 @@ class Hdf5Writer(Writer):
         for lane in np.flatnonzero(self.cursor < self.steps):
             mask[lane, self.cursor[lane] :] = False
             traj[lane, self.cursor[lane] :] = -1
+
+    def _cut_finals(self, count: int) -> None:
+        for block in self._finals.values():
+            block.resize(count, axis=0)
 
     def _read(self, key: str) -> np.ndarray:
         return self._file[key][()]
@@ -538,11 +592,29 @@ class Hdf5Writer(Writer):
                 maxshape=(None, None, *feat),
                 dtype=array.dtype,
                 chunks=(block, steps, *feat),
-                compression=self.compression,
+                **self.codec,
                 fillvalue=b"" if key in self._text else FILL.get(key, 0),
                 **chunk_cache(block * steps * row_bytes, -(-lanes // block)),
             )
             self._frames[key] = Block(ds)
+        for key, (feat, dtype) in self.final_specs.items():
+            row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * np.dtype(dtype).itemsize)
+            rows = max(1, min(64, CHUNK_TARGET // row_bytes))  # whole frames, a few per chunk
+            ds = self._file.create_dataset(
+                "/".join(key),
+                shape=(0, *feat),
+                maxshape=(None, *feat),
+                dtype=dtype,
+                chunks=(rows, *feat),
+                fillvalue=FILL.get(key, 0),
+                **self.codec,
+            )
+            self._finals[key] = Block(ds)
+
+    def _write_finals(self, rows, start: int) -> None:
+        self._reserve(2 * sum(array.nbytes for array in rows.values()))
+        for key, array in rows.items():  # lane and time last (they make a row count)
+            self._finals[key].write((start,), np.ascontiguousarray(array))
 
     def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
         self._reserve(2 * sum(array.nbytes for _, array in items))
@@ -610,9 +682,11 @@ WRITER = Hdf5Writer
 def read_meta(path: Path) -> dict[str, Any]:
     try:
         with h5py.File(path, "r", locking=False) as f:
-            return file_meta(f.attrs)[0]
+            meta = file_meta(f.attrs)[0]
     except OSError as exc:
         raise OutputError(f"{str(path)!r} is not a readable HDF5 dataset ({exc})") from None
+    needs_plugin(meta)
+    return meta
 
 
 def describe_keys(path: Path) -> list[tuple[str, tuple[int, ...], str]]:

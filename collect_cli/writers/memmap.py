@@ -139,19 +139,24 @@ def write_td_meta(
     frames: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]],
     episodes: int,
     *,
+    finals: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]] | None = None,
     only_episodes: bool = False,
     skip_episodes: bool = False,
 ) -> None:
     """Write the ``meta.json`` files tensordict's ``load_memmap`` reads, under ``root``:
-    ``frames`` (key -> full shape, dtype) and the episodes columns of ``episodes`` rows."""
+    ``frames`` (key -> full shape, dtype), the episodes columns of ``episodes`` rows and
+    the ``final/`` table (compact layout: key -> full shape, dtype). The two tables are
+    written alone with ``only_episodes``, left out with ``skip_episodes``."""
     leaves = dict(frames)
     for name, dtype in COLUMNS.items():
         leaves[(fmt.EPISODES, name)] = ((episodes,), dtype)
+    leaves.update(finals or {})
     for key, content in td_meta_tree(leaves).items():
-        is_episodes = key == (fmt.EPISODES,)
+        is_episodes = key[:1] in ((fmt.EPISODES,), (fmt.FINAL,))
         if (only_episodes and not is_episodes) or (skip_episodes and is_episodes):
             continue
-        content.update(shape=[episodes] if is_episodes else [], device="cpu", **TD_CLASS)
+        rows = [episodes] if key == (fmt.EPISODES,) else []
+        content.update(shape=rows, device="cpu", **TD_CLASS)
         content["_class"] = "tensordict:TensorDict"
         write_json(root.joinpath(*key, "meta.json"), content)
 
@@ -164,6 +169,8 @@ class MemmapWriter(Writer):
         self._maps: dict[tuple[str, ...], np.memmap] = {}
         self._specs: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]] = {}
         self._episode_files: dict[str, Any] = {}
+        self._final_files: dict[tuple[str, ...], Any] = {}  # the final/ table, append-only
+        self._finals_listed = 0  # rows final/meta.json gives
         self.capacity = 0  # time steps allocated
         self.lane_capacity = 0  # lanes allocated (grows for datasets of whole episodes)
         self._unreleased = 0  # bytes written since the last page release
@@ -187,6 +194,12 @@ class MemmapWriter(Writer):
         meta = read_meta(self.path)
         for meta_file in self.path.rglob("meta.json"):
             folder = meta_file.parent.relative_to(self.path).parts
+            if folder[:1] == (fmt.FINAL,):
+                for name, entry in json.loads(meta_file.read_text()).items():
+                    if isinstance(entry, dict) and "dtype" in entry:
+                        spec = (tuple(entry["shape"][1:]), _numpy_dtype(entry["dtype"]))
+                        self.final_specs[(*folder, name)] = spec
+                continue
             if folder[:1] == ("episodes",):
                 continue
             for name, entry in json.loads(meta_file.read_text()).items():
@@ -218,6 +231,17 @@ class MemmapWriter(Writer):
         mask[self.lanes :] = False  # rows appended after the last commit
         traj[self.lanes :] = -1
 
+    def _cut_finals(self, count: int) -> None:
+        self._finals_listed = -1  # rewrite final/meta.json at the next commit
+        for key, (feat, dtype) in self.final_specs.items():
+            row = int(np.prod(feat, dtype=np.int64)) * np.dtype(dtype).itemsize
+            os.truncate(self._file(key), count * row)
+            self._final_files[key] = open(self._file(key), "ab")  # noqa: SIM115 (closed in _close)
+
+    def _write_finals(self, rows, start: int) -> None:
+        for key, array in rows.items():  # lane and time last (they make a row count)
+            self._final_files[key].write(np.ascontiguousarray(array).tobytes())
+
     def _has(self, key: str) -> bool:
         return tuple(key.split("/")) in self._specs
 
@@ -235,12 +259,18 @@ class MemmapWriter(Writer):
         if fmt.is_episodes(key):
             dtype = COLUMNS[key.split("/", 1)[1]]
             return np.fromfile(self.path / f"{key}.memmap", dtype=dtype)
+        if fmt.key_of(key) in self.final_specs:
+            feat, dtype = self.final_specs[fmt.key_of(key)]
+            return np.fromfile(self._file(fmt.key_of(key)), dtype=dtype).reshape(-1, *feat)
         return np.asarray(self._maps[tuple(key.split("/"))])
 
     def _create(self, items, lanes: int) -> None:
         for key, array in items:
             self._specs[key] = (array.shape[2:], array.dtype)
             self._file(key).parent.mkdir(parents=True, exist_ok=True)
+        for key in self.final_specs:
+            self._file(key).parent.mkdir(parents=True, exist_ok=True)
+            self._final_files[key] = open(self._file(key), "wb")  # noqa: SIM115 (closed in _close)
         self._resize(max(self.planned_steps or 0, items[0][1].shape[1]), lanes)
 
     # durability D10 (docs/durability.md)
@@ -264,6 +294,10 @@ class MemmapWriter(Writer):
                 self.path / "episodes" / f"{name}.memmap", staging / "episodes" / f"{name}.memmap"
             )
         shutil.copy2(self.path / "episodes" / "meta.json", staging / "episodes" / "meta.json")
+        for key in self.final_specs:  # the final/ table, like the episodes: linked
+            os.link(self._file(key), staging.joinpath(*key[:-1], key[-1] + ".memmap"))
+        for meta_file in (self.path / fmt.FINAL).rglob("meta.json"):
+            shutil.copy2(meta_file, staging / meta_file.relative_to(self.path))
         shutil.copy2(self.path / META_FILE, staging / META_FILE)
         for key, (feat, dtype) in self._specs.items():
             row = int(np.prod(feat, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -319,19 +353,26 @@ class MemmapWriter(Writer):
         cap = self.capacity if capacity is None else capacity
         rows = self.lane_capacity if lane_capacity is None else lane_capacity
         frames = {k: ((rows, cap, *feat), dt) for k, (feat, dt) in self._specs.items()}
+        finals = {k: ((self.finals, *feat), dt) for k, (feat, dt) in self.final_specs.items()}
         write_td_meta(
-            root, frames, self.episodes, only_episodes=only_episodes, skip_episodes=skip_episodes
+            root,
+            frames,
+            self.episodes,
+            finals=finals,
+            only_episodes=only_episodes,
+            skip_episodes=skip_episodes,
         )
         if root == self.path and not skip_episodes:
-            self._episodes_listed = self.episodes
+            self._episodes_listed, self._finals_listed = self.episodes, self.finals
 
     # durability D4, D5 (docs/durability.md)
     def _commit(self) -> None:
         # Data first (into the page cache, which outlives this process), then the
         # metadata that makes it visible, each JSON file replaced atomically.
-        for f in self._episode_files.values():
+        for f in [*self._episode_files.values(), *self._final_files.values()]:
             f.flush()
-        if self._episodes_listed != self.episodes:  # most batches of long episodes end none
+        listed = (self._episodes_listed, self._finals_listed)
+        if listed != (self.episodes, self.finals):  # most batches of long episodes end none
             self._write_td_meta(only_episodes=True)
         write_json(self.path / META_FILE, self.meta)
         if self._unreleased >= max(RELEASE_BYTES, 8 * self._batch_bytes):
@@ -357,7 +398,7 @@ class MemmapWriter(Writer):
         """Force everything to the device (at close: durable across power loss)."""
         for mm in self._maps.values():
             mm.flush()
-        for f in self._episode_files.values():
+        for f in [*self._episode_files.values(), *self._final_files.values()]:
             f.flush()
             os.fsync(f.fileno())
         write_json(self.path / META_FILE, self.meta, sync=True)
@@ -377,9 +418,10 @@ class MemmapWriter(Writer):
 
     def _close(self) -> None:
         self._sync()
-        for f in self._episode_files.values():
+        for f in [*self._episode_files.values(), *self._final_files.values()]:
             f.close()
         self._episode_files.clear()
+        self._final_files.clear()
         self._maps.clear()
 
 

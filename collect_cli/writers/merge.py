@@ -198,6 +198,8 @@ def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dic
         "lanes": sum(s.lanes for s in shards),
         fmt.LANE_STEPS: [int(n) for s in shards for n in s.lane_steps],
         "merged": {"time": now(), "mode": "virtual" if virtual else "copy"},
+        # a virtual merge reads the shards' chunks: their codec's plugin is needed too
+        fmt.CODEC: next((s.meta[fmt.CODEC] for s in shards if virtual and _plugin(s)), None),
         "shards": [_shard_entry(s, dest) for s in shards],
         **provenance.merged([s.meta for s in shards]),
     }
@@ -205,6 +207,10 @@ def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dic
         sweep = first["sweep"]
         meta["sweep"] = {"id": sweep.get("id"), "overrides": sweep.get("overrides")}
     return meta
+
+
+def _plugin(shard: Shard) -> bool:
+    return bool((shard.meta.get(fmt.CODEC) or {}).get("plugin"))
 
 
 def _shard_entry(shard: Shard, dest: Path) -> dict[str, Any]:
@@ -269,7 +275,9 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta,
             if dtype.kind == "S":  # Text, as fixed-length bytes
                 fill = b""
             flagged = key in FLAGGED and any(s.cuts is not None for s in shards)
-            if not virtual or key == TRAJ or flagged:
+            # a compact shard's next/observation is rebuilt, not stored: copied whole
+            rebuilt = any(s.ds.rebuilt(key) for s in shards)
+            if not virtual or key == TRAJ or flagged or rebuilt:
                 row = max(1, int(np.prod(feat, dtype=np.int64))) * dtype.itemsize
                 chunk = max(1, min(1024, steps, (1 << 20) // row))
                 ds = f.create_dataset(

@@ -54,9 +54,10 @@ def test_small_frames_chunked_across_lanes_per_batch(
 
 def test_pixel_run_gzip_validates_and_compresses(cli, tmp_path):
     raw, packed = tmp_path / "raw.h5", tmp_path / "gzip.h5"
-    res = cli("run", *PIXELS, "+env.kwargs.size=84", f"out={raw}")
+    full = ("+env.kwargs.size=84", "writer.layout=full")  # next/observation stored too
+    res = cli("run", *PIXELS, *full, f"out={raw}")
     assert res.code == 0, res.stderr
-    res = cli("run", *PIXELS, "+env.kwargs.size=84", "writer.compression=gzip", f"out={packed}")
+    res = cli("run", *PIXELS, *full, "writer.compression=gzip", f"out={packed}")
     assert res.code == 0, res.stderr
     assert cli("validate", str(packed)).code == 0
     assert_consistent(packed)
