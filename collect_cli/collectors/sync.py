@@ -44,7 +44,7 @@ from collect_cli.collectors.device import DeviceBuffers, DevicePathMixin, steps_
 from collect_cli.envs import VecEnv
 from collect_cli.errors import ConfigError, PolicyError
 from collect_cli.exploration import interaction
-from collect_cli.policies import PolicyFactory, RandomPolicy, torch_dtype
+from collect_cli.policies import PolicyFactory, RandomPolicy, tensor_policy, torch_dtype
 
 
 def _host(x: torch.Tensor) -> np.ndarray:
@@ -173,16 +173,27 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                 tensors = [t.pin_memory() for t in tensors]
             data = dict(zip(self._obs_keys, tensors, strict=True))
             self._input = ([t.numpy() for t in tensors], TensorDict(data, [self.num_envs]))
+            self._input_tensor = tensors[0]
         arrays, td = self._input
         for dst, src in zip(arrays, obs, strict=True):
             np.copyto(dst, src)
         return td if self.device.type == "cpu" else td.to(self.device, non_blocking=True)
 
+    def _policy_tensor(self, obs: list[np.ndarray]) -> torch.Tensor:
+        """The single observation leaf as the policy's input tensor (the same
+        persistent array as :meth:`_policy_input`'s, refilled)."""
+        np.copyto(self._input[0][0], obs[0])
+        x = self._input_tensor
+        return x if self.device.type == "cpu" else x.to(self.device, non_blocking=True)
+
     def _policy_outputs(self, out: TensorDictBase) -> list[np.ndarray]:
-        """The policy's outputs (``_policy_keys`` order) as host arrays. From a CUDA
-        policy they are copied into pinned buffers asynchronously, with one sync for
-        all of them; the arrays are valid until the next step's outputs."""
-        values = [out.get(k) for k in self._policy_keys]
+        """The policy's outputs (``_policy_keys`` order) as host arrays."""
+        return self._host_outputs([out.get(k) for k in self._policy_keys])
+
+    def _host_outputs(self, values: list[torch.Tensor]) -> list[np.ndarray]:
+        """Policy outputs as host arrays. From a CUDA policy they are copied into
+        pinned buffers asynchronously, with one sync for all of them; the arrays
+        are valid until the next step's outputs."""
         if self.device.type != "cuda":
             return [_host(x) for x in values]
         pinned = getattr(self, "_pinned_out", None)
@@ -228,6 +239,8 @@ class SyncCollector(DevicePathMixin, CollectorBase):
             dtype = torch_dtype(self._leaf_dtype(key)) if key in self._act_keys else value.dtype
             buf[key] = torch.zeros(steps, n, *value.shape[1:], dtype=dtype)
         self._policy_keys = [k for k in buf if k[0] != fmt.NEXT and k not in obs_set]
+        # rlcollect's own policies are called on the observation tensor (no TensorDict)
+        self._act = tensor_policy(self.policy, len(self._obs_keys), self._policy_keys)
         for flag in FLAG_KEYS:
             buf[(flag,)] = torch.zeros(steps, n, 1, dtype=torch.bool)
             buf[(fmt.NEXT, flag)] = torch.zeros(steps, n, 1, dtype=torch.bool)
@@ -282,7 +295,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         act_idx, extra_views, reward, traj = bv.act_idx, bv.extras, bv.reward, bv.traj
         n_done, n_term, n_trunc = bv.done, bv.terminated, bv.truncated
         info_views = [v[k] for k in self._info_keys]
-        limit = self.max_frames_per_traj
+        limit, act = self.max_frames_per_traj, self._act
         if limit > 0:
             count, next_count = v[(fmt.STEP_COUNT,)], v[(fmt.NEXT, fmt.STEP_COUNT)]
         for t in range(self.steps_per_batch):
@@ -296,8 +309,10 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                 for dst in extra_views:
                     dst[t] = 0
             else:
-                out = self.policy(self._policy_input(self._obs))
-                outputs = self._policy_outputs(out)
+                if act is not None:
+                    outputs = self._host_outputs([act(self._policy_tensor(self._obs))])
+                else:
+                    outputs = self._policy_outputs(self.policy(self._policy_input(self._obs)))
                 for (_, dst), src in zip(policy_views, outputs, strict=True):
                     dst[t] = src
                 actions = [outputs[i] for i in act_idx]
