@@ -37,12 +37,12 @@ from collect_cli.collectors.base import (
     CollectorBase,
     batch_views,
     derive_seeds,
-    env_errors,
+    env_error,
     pad_steps,
 )
 from collect_cli.collectors.device import DeviceBuffers, DevicePathMixin, steps_on_device
 from collect_cli.envs import VecEnv
-from collect_cli.errors import ConfigError, PolicyError
+from collect_cli.errors import ConfigError, PolicyError, RlcollectError
 from collect_cli.exploration import interaction
 from collect_cli.policies import PolicyFactory, RandomPolicy, tensor_policy, torch_dtype
 
@@ -292,12 +292,15 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         mask = v[fmt.MASK_KEY]
         bv = batch_views(v, self._obs_keys, self._policy_keys, self._act_keys)
         obs_views, next_views, policy_views = bv.obs, bv.next_obs, bv.policy
-        act_idx, extra_views, reward, traj = bv.act_idx, bv.extras, bv.reward, bv.traj
-        n_done, n_term, n_trunc = bv.done, bv.terminated, bv.truncated
+        act_idx, extra_views, traj = bv.act_idx, bv.extras, bv.traj
+        # [steps, lanes] views of the [steps, lanes, 1] columns: a row is one index
+        reward, n_done = bv.reward[..., 0], bv.done[..., 0]
+        n_term, n_trunc = bv.terminated[..., 0], bv.truncated[..., 0]
+        out_views = [dst for _, dst in policy_views]
         info_views = [v[k] for k in self._info_keys]
-        limit, act = self.max_frames_per_traj, self._act
+        limit, act, env = self.max_frames_per_traj, self._act, self.env
         if limit > 0:
-            count, next_count = v[(fmt.STEP_COUNT,)], v[(fmt.NEXT, fmt.STEP_COUNT)]
+            count, next_count = v[(fmt.STEP_COUNT,)][..., 0], v[(fmt.NEXT, fmt.STEP_COUNT)][..., 0]
         for t in range(self.steps_per_batch):
             for dst, src in zip(obs_views, self._obs, strict=True):
                 dst[t] = src
@@ -305,7 +308,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
             if self._env_frames < self.init_random_frames:
                 actions = [a.cpu().numpy() for a in self._random_policy.sample(self.num_envs)]
                 for i, src in zip(act_idx, actions, strict=True):
-                    policy_views[i][1][t] = src
+                    out_views[i][t] = src
                 for dst in extra_views:
                     dst[t] = 0
             else:
@@ -313,27 +316,31 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                     outputs = self._host_outputs([act(self._policy_tensor(self._obs))])
                 else:
                     outputs = self._policy_outputs(self.policy(self._policy_input(self._obs)))
-                for (_, dst), src in zip(policy_views, outputs, strict=True):
+                for dst, src in zip(out_views, outputs, strict=True):
                     dst[t] = src
                 actions = [outputs[i] for i in act_idx]
             self._env_frames += self.num_envs
-            step = self._step(actions)
+            try:  # env_errors, without a context manager per step
+                step = env.step(actions)
+            except RlcollectError:
+                raise
+            except Exception as exc:
+                raise env_error(env.env_id, exc) from exc
             for dst, src in zip(next_views, step.next_obs, strict=True):
                 dst[t] = src
             for dst, src in zip(info_views, step.info or (), strict=True):
                 dst[t] = src
             terminated, truncated = step.terminated, step.truncated
             if limit > 0:
-                count[t, :, 0] = self._step_count
+                count[t] = self._step_count
                 self._step_count += 1
                 hit = (self._step_count >= limit) & ~(terminated | truncated)
                 truncated = truncated | hit
-                next_count[t, :, 0] = self._step_count
-            reward[t, :, 0] = step.reward
-            n_term[t, :, 0] = terminated
-            n_trunc[t, :, 0] = truncated
-            done = terminated | truncated
-            n_done[t, :, 0] = done
+                next_count[t] = self._step_count
+            reward[t] = step.reward
+            n_term[t] = terminated
+            n_trunc[t] = truncated
+            done = np.logical_or(terminated, truncated, out=n_done[t])
             self._obs = step.obs
             if done.any():
                 ended = np.flatnonzero(done)
@@ -358,10 +365,6 @@ class SyncCollector(DevicePathMixin, CollectorBase):
 
     def _pad(self, start: int) -> None:
         pad_steps(self._views, start)
-
-    def _step(self, actions: list[np.ndarray]):
-        with env_errors(self.env.env_id):
-            return self.env.step(actions)
 
     def _new_trajectories(self, lanes: np.ndarray) -> None:
         ids = self._next_id + self._stride * np.arange(len(lanes), dtype=np.int64)
