@@ -95,7 +95,8 @@ class RandomPolicy(nn.Module):
                 return lambda n: torch.floor(low + span * rand(n, torch.float64)).to(dtype)
             work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
             low_w, span_w = low.to(work), (high - low).to(work)
-            return lambda n: (low_w + span_w * rand(n, work)).to(dtype)
+            # low + span * u, computed in place (the same values)
+            return lambda n: rand(n, work).mul_(span_w).add_(low_w).to(dtype)
 
         def mixed(n: int) -> torch.Tensor:
             u = rand(n, torch.float64)
