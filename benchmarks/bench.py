@@ -1,8 +1,21 @@
-"""Side-by-side throughput: rlcollect vs a plain gymnasium vector-env loop.
+"""Side-by-side throughput: rlcollect vs the loop a user writes by hand.
 
-Each contender does the same work in the same process run: ``--frames`` frames
-of one env with ``--num-envs`` lanes and the same policy. Prints frames/s and
-the ratio to the plain loop, and appends a dated record to RESULTS.md.
+The reference of every ratio is a bare loop with no rlcollect code in it, run in
+the same process as the contenders, in turn with them (``--repeat`` rounds; each
+ratio is the median of the per-round ratios):
+
+- gymnasium: ``SyncVectorEnv``, numpy observation -> ``torch.from_numpy`` -> a
+  64x64 tanh MLP (actions squashed into the bounds, argmax for discrete) -> numpy
+  action -> ``envs.step``, storing nothing; ``envs.action_space.sample()`` for
+  the random policy;
+- envpool: ``envpool.make_gymnasium(..., num_threads=2)`` stepped with uniform
+  random actions drawn by torch (and, as an extra row, with one fixed action).
+
+An extra row, "TensorDict loop", is the bare loop with each observation wrapped
+in a TensorDict and rlcollect's own policy module (the reference of earlier
+records): the difference to the bare loop is the cost of that wrapping alone.
+rlcollect rows are full ``rlcollect run``s in this process (collector, episodes
+table, writer, commits). Appends a dated record to RESULTS.md.
 
     python benchmarks/bench.py                       # the default matrix
     python benchmarks/bench.py --envs CartPole --policies mlp --frames 1e5 --repeat 5
@@ -11,6 +24,7 @@ the ratio to the plain loop, and appends a dated record to RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -31,25 +45,69 @@ import record
 
 PRESETS = {"Pendulum": "Pendulum-v1", "CartPole": "CartPole-v1"}
 MULTI_VS_SYNC = ("sync", "multisync")
+BARE = "bare gymnasium loop"
+ENVPOOL_LANES, ENVPOOL_THREADS = 256, 2
 
 
-def plain_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
-    """The ceiling: gymnasium's SyncVectorEnv and the policy, storing nothing."""
-    vec = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * num_envs)
+def bare_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
+    """The loop a user writes: SyncVectorEnv and a plain torch MLP, storing nothing."""
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * num_envs)
+    obs, _ = envs.reset(seed=0)
+    act = contenders.mlp_actor(envs.single_action_space, obs.shape[1])
+    steps = -(-frames // num_envs)
+    start = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(steps):
+            if policy_name == "random":
+                action = envs.action_space.sample()
+            else:
+                action = act(torch.from_numpy(obs)).numpy()
+            obs, *_ = envs.step(action)
+    seconds = time.perf_counter() - start
+    envs.close()
+    return steps * num_envs / seconds
+
+
+def tensordict_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
+    """The bare loop with a TensorDict around each observation and rlcollect's policy
+    module (not a reference: it holds part of rlcollect's per-step cost)."""
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * num_envs)
     cfg = config.load(config.compose([f"policy={policy_name}"])).policy
     policy = build_policy(
-        cfg, vec.single_observation_space, vec.single_action_space, torch.device("cpu"), 0
+        cfg, envs.single_observation_space, envs.single_action_space, torch.device("cpu"), 0
     )
-    obs, _ = vec.reset(seed=0)
+    obs, _ = envs.reset(seed=0)
     steps = -(-frames // num_envs)
     start = time.perf_counter()
     with torch.no_grad():
         for _ in range(steps):
             td = TensorDict({"observation": torch.from_numpy(obs)}, batch_size=[num_envs])
             action = policy(td)["action"].numpy()
-            obs, *_ = vec.step(action)
+            obs, *_ = envs.step(action)
     seconds = time.perf_counter() - start
-    vec.close()
+    envs.close()
+    return steps * num_envs / seconds
+
+
+def bare_envpool(env_id: str, num_envs: int, frames: int, fixed: bool = False) -> float:
+    """envpool stepped by hand: uniform random actions from torch (or one fixed action)."""
+    import envpool
+
+    envs = envpool.make_gymnasium(env_id, num_envs=num_envs, num_threads=ENVPOOL_THREADS)
+    envs.reset()
+    space = envs.action_space
+    low, high = float(space.low.min()), float(space.high.max())
+    fixed_action = np.zeros((num_envs, *space.shape), np.float32)
+    steps = -(-frames // num_envs)
+    start = time.perf_counter()
+    for _ in range(steps):
+        if fixed:
+            action = fixed_action
+        else:
+            action = (torch.rand(num_envs, *space.shape) * (high - low) + low).numpy()
+        envs.step(action)
+    seconds = time.perf_counter() - start
+    envs.close()
     return steps * num_envs / seconds
 
 
@@ -90,9 +148,15 @@ def main() -> None:
         "--repeat",
         type=int,
         default=3,
-        help="rounds of the plain loop and the rlcollect rows (run in turn); medians reported",
+        help="rounds of the bare loop and the rlcollect rows (run in turn); medians reported",
     )
     parser.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument(
+        "--tensordict-loop",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the extra TensorDict-wrapped loop row",
+    )
     parser.add_argument(
         "--contenders",
         action=argparse.BooleanOptionalAction,
@@ -103,20 +167,27 @@ def main() -> None:
         "--envpool",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="rlcollect with env.backend=envpool (256 envs, 2 threads), when installed",
+        help="rlcollect with env.backend=envpool (256 envs, 2 threads) vs bare envpool",
+    )
+    parser.add_argument(
+        "--envpool-frames", type=float, default=2e6, help="frames of each envpool row"
     )
     args = parser.parse_args()
     frames = int(args.frames)
     torch.set_num_threads(1)
 
-    rows = []
+    rows = []  # (env, policy, contender, frames/s, median of per-round ratios to the bare loop)
     pairs = []  # (env, policy, writer, per-round multisync / sync ratios)
     notes = []
     tmp = Path(tempfile.mkdtemp(prefix="rlcollect-bench-"))
+    loads = [os.getloadavg()[0]]
 
-    def add_row(env: str, policy: str, name: str, fps: float, base: float) -> None:
-        rows.append((env, policy, name, fps, fps / base))
-        print(f"{env:9s} {policy:7s} {name:34s} {fps:10.0f} frames/s  ({fps / base:.2f}x plain)")
+    def add_rows(env: str, policy: str, runs: dict[str, list[float]], base: str) -> None:
+        for name, values in runs.items():
+            ratios = [v / b for v, b in zip(values, runs[base], strict=False)]
+            fps, ratio = float(np.median(values)), float(np.median(ratios))
+            rows.append((env, policy, name, fps, ratio))
+            print(f"{env:9s} {policy:7s} {name:40s} {fps:10.0f} frames/s  ({ratio:.2f}x bare)")
 
     try:
         for env in args.envs:
@@ -124,17 +195,20 @@ def main() -> None:
                 # the VM's speed drifts: contenders run in turn, `repeat` rounds, medians kept
                 runs: dict[str, list[float]] = {}
                 for _ in range(max(1, args.repeat)):
-                    fps = plain_loop(PRESETS[env], args.num_envs, policy, frames)
-                    runs.setdefault("plain gymnasium loop", []).append(fps)
+                    runs.setdefault(BARE, []).append(
+                        bare_loop(PRESETS[env], args.num_envs, policy, frames)
+                    )
+                    if args.tensordict_loop:
+                        fps = tensordict_loop(PRESETS[env], args.num_envs, policy, frames)
+                        runs.setdefault("TensorDict loop (rlcollect's policy)", []).append(fps)
                     for writer in args.writers:  # the collectors of one writer back to back
                         for collector in args.collectors:
                             fps = rlcollect(
                                 env, args.num_envs, policy, collector, writer, frames, tmp / writer
                             )
                             runs.setdefault(f"rlcollect {collector}, {writer}", []).append(fps)
-                base = float(np.median(runs["plain gymnasium loop"]))
-                for name, values in runs.items():
-                    add_row(env, policy, name, float(np.median(values)), base)
+                    loads.append(os.getloadavg()[0])
+                add_rows(env, policy, runs, BARE)
                 for writer in args.writers:
                     sync, multi = (runs.get(f"rlcollect {c}, {writer}") for c in MULTI_VS_SYNC)
                     if sync and multi:
@@ -156,23 +230,33 @@ def main() -> None:
                             workers,
                         )
                         name = "TorchRL MultiSync x2" if workers else "TorchRL SyncDataCollector"
-                        add_row(env, policy, f"{name}, memmap", fps, base)
+                        base = float(np.median(runs[BARE]))
+                        rows.append((env, policy, f"{name}, memmap", fps, fps / base))
                 if args.contenders and contenders.available("minari"):
                     fps = contenders.minari_run(
                         PRESETS[env], policy, frames, tmp / f"minari-{env}-{policy}"
                     )
-                    add_row(env, policy, "Minari DataCollector, hdf5", fps, base)
+                    base = float(np.median(runs[BARE]))
+                    rows.append((env, policy, "Minari DataCollector, hdf5", fps, fps / base))
         if args.envpool and contenders.available("envpool"):
-            base = next(
-                (r[3] for r in rows if r[:3] == ("Pendulum", "random", "plain gymnasium loop")),
-                None,
-            )
-            base = base or plain_loop("Pendulum-v1", args.num_envs, "random", frames)
-            fps = rlcollect(
-                "Pendulum", 256, "random", "sync", "hdf5", max(frames, 2_000_000), tmp / "ep.h5",
-                "env.backend=envpool", "frames_per_batch=25600", "+env.kwargs.num_threads=2",
-            )  # fmt: skip
-            add_row("Pendulum", "random", "rlcollect sync, envpool x256, hdf5", fps, base)
+            pool_frames = int(args.envpool_frames)
+            runs = {}
+            for _ in range(max(1, args.repeat)):
+                runs.setdefault("bare envpool, random actions", []).append(
+                    bare_envpool("Pendulum-v1", ENVPOOL_LANES, pool_frames)
+                )
+                runs.setdefault("bare envpool, fixed action", []).append(
+                    bare_envpool("Pendulum-v1", ENVPOOL_LANES, pool_frames, fixed=True)
+                )
+                fps = rlcollect(
+                    "Pendulum", ENVPOOL_LANES, "random", "sync", "hdf5", pool_frames,
+                    tmp / "ep.h5", "env.backend=envpool",
+                    f"frames_per_batch={ENVPOOL_LANES * 100}",
+                    f"+env.kwargs.num_threads={ENVPOOL_THREADS}",
+                )  # fmt: skip
+                runs.setdefault("rlcollect sync, envpool x256, hdf5", []).append(fps)
+                loads.append(os.getloadavg()[0])
+            add_rows("Pendulum", "random", runs, "bare envpool, random actions")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.contenders:
@@ -181,25 +265,29 @@ def main() -> None:
         if missing:
             notes.append(f"{' and '.join(missing)} not installed: skipped (make bench-compare)")
     if args.envpool and not contenders.available("envpool"):
-        notes.append("envpool not installed: its row skipped")
+        notes.append("envpool not installed: its rows skipped")
     for note in notes:
         print(note)
+    load = f"1-minute load average {min(loads):.2f}-{max(loads):.2f} (at the start and each round)"
+    print(load)
 
     if args.no_record:
         return
     lines = [
         *record.header(),
-        f"Work: {frames} frames per contender, {args.num_envs} envs per process "
-        f"(multisync: 2 workers), torch threads 1; plain loop and rlcollect rows: median of "
-        f"{args.repeat} rounds run in turn, the other contenders once\n",
-        "| env | policy | contender | frames/s | vs plain loop |",
+        f"Work: {frames} frames per contender ({int(args.envpool_frames)} for envpool), "
+        f"{args.num_envs} envs per process (multisync: 2 workers), torch threads 1; "
+        f"{args.repeat} rounds run in turn; frames/s: median of the rounds; ratio: median "
+        "of the per-round ratios to the bare loop of the same round (TorchRL and Minari: "
+        "one run, to the median bare loop)  ",
+        f"Load: {load}\n",
+        "| env | policy | contender | frames/s | vs bare loop |",
         "|---|---|---|---:|---:|",
     ]
     lines += [f"| {e} | {p} | {c} | {f:,.0f} | {r:.2f}x |" for e, p, c, f, r in rows]
     if pairs:
         lines += [
-            "\nmultisync x2 / sync, each round's two runs back to back (the VM's speed drifts"
-            " between rounds):\n",
+            "\nmultisync x2 / sync, each round's two runs back to back:\n",
             "| env | policy | writer | median of rounds | rounds |",
             "|---|---|---|---:|---|",
         ]

@@ -59,6 +59,11 @@ class _Act(nn.Module):
         return self.low + (torch.tanh(y) + 1) * 0.5 * (self.high - self.low)
 
 
+def mlp_actor(space: gym.Space, obs_dim: int) -> nn.Module:
+    """The 64x64 tanh MLP a user writes for ``space`` (bench.py's bare loop)."""
+    return _Act(space, obs_dim).eval()
+
+
 def torchrl_run(
     env_id: str, num_envs: int, policy: str, frames: int, out: Path, workers: int = 0
 ) -> float:

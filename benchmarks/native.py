@@ -1,7 +1,10 @@
 """Native backend throughput, layer by layer, on one job (default: Pendulum, 4096 envs).
 
 Rows, each the same env, lanes and policy:
-  env       the native VecEnv stepped with the policy's actions, storing nothing
+  env       the native env stepped by hand (its tensors in and out) with a bare policy
+            (torch random actions or a plain torch MLP), storing nothing: the reference
+  written   the whole ``rlcollect run`` in this process, writing the dataset; env and
+            written run in turn, ``--repeat`` rounds, ratio = median of per-round ratios
   collector the SyncCollector filling batches (copied to the host), no writer
   cli       the real CLI, ``rlcollect run ... env.backend=native``, writing the dataset:
             frames/s as its summary reports it (collection + writing, start-up excluded)
@@ -23,6 +26,7 @@ import json
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,10 +42,11 @@ from collect_cli.policies import PolicyFactory
 from collect_cli.run import run
 
 sys.path.insert(0, str(Path(__file__).parent))
+import contenders
 import record
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
-ROWS = ("env", "collector", "cli", "gymnasium", "headline")
+ROWS = ("env", "written", "collector", "cli", "gymnasium", "headline")
 PRESETS = {
     "Pendulum": "Pendulum-v1",
     "CartPole": "CartPole-v1",
@@ -56,12 +61,27 @@ def policy_factory(name: str, device: str) -> PolicyFactory:
     return PolicyFactory(cfg, device, 0)
 
 
-def env_only(args, frames: int) -> float:
-    """The native env and the policy, nothing stored: the ceiling of the collector."""
-    env = env_factory(PRESETS[args.env], args.num_envs, "native", device=args.device)()
-    policy = policy_factory(args.policy, args.device)(env.observation_space, env.action_space)
-    from tensordict import TensorDict
+def bare_actor(name: str, env, device: str):
+    """The policy as a user writes it: uniform random actions drawn by torch, or a
+    plain 64x64 tanh MLP (no TensorDict, no rlcollect policy code)."""
+    space, n = env.action_space, env.num_envs
+    if name == "mlp":
+        obs_dim = int(env.observation_space.shape[0])
+        return contenders.mlp_actor(space, obs_dim).to(device)
+    if name != "random":
+        raise SystemExit(f"--policy {name}: the bare loop has random and mlp")
+    if hasattr(space, "n"):
+        return lambda obs: torch.randint(0, int(space.n), (n,), device=device)
+    low = torch.as_tensor(space.low, device=device)
+    span = torch.as_tensor(space.high, device=device) - low
+    return lambda obs: low + span * torch.rand(n, *space.shape, device=device)
 
+
+def env_only(args, frames: int) -> float:
+    """The native env stepped by hand with a bare policy, nothing stored: the
+    reference of the ``written`` row (the env's own tensors, no collector)."""
+    env = env_factory(PRESETS[args.env], args.num_envs, "native", device=args.device)()
+    policy = bare_actor(args.policy, env, args.device)
     env.reset(list(range(args.num_envs)))
     obs = env.obs_tensors()[0]  # on the device: no host copies, no syncs
     steps = max(1, frames // args.num_envs)
@@ -70,10 +90,14 @@ def env_only(args, frames: int) -> float:
             if i == 10:  # warm-up done
                 _sync(args.device)
                 start = time.perf_counter()
-            td = TensorDict({"observation": obs}, [args.num_envs])
-            obs = env.step_tensors([policy(td)["action"]]).obs
+            obs = env.step_tensors([policy(obs)]).obs
     _sync(args.device)
     return steps * args.num_envs / (time.perf_counter() - start)
+
+
+def written(args, frames: int, out: Path) -> float:
+    """The whole ``rlcollect run`` in this process (collector, writer, commits)."""
+    return record.run_frames_per_s(cli_args(args, "native", frames, out))
 
 
 def collector_only(args, frames: int) -> float:
@@ -168,7 +192,8 @@ def main() -> None:
     parser.add_argument("--policy", default="random")
     parser.add_argument("--writer", default="hdf5", choices=["hdf5", "memmap"])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rows", default="env,collector,cli,gymnasium")
+    parser.add_argument("--rows", default="env,written,collector,cli,gymnasium")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of env and written")
     parser.add_argument(
         "--threads", type=int, help="torch intra-op threads (OMP_NUM_THREADS); default: torch's"
     )
@@ -189,14 +214,30 @@ def main() -> None:
     )
     print(f"# {job}; {machine()}")
     results: list[tuple[str, float, str]] = []
+    loads = [os.getloadavg()[0]]
 
     def show(name: str, value: float, note: str = "") -> None:
         results.append((name, value, note))
         print(f"{name:44s} {value:14,.0f} frames/s  {note}", flush=True)
 
     try:
-        if "env" in rows:
-            show("native env.step + policy (nothing stored)", env_only(args, quick))
+        if "env" in rows and "written" in rows:  # paired rounds, in this process
+            out = tmp / ("w.h5" if args.writer == "hdf5" else "w")
+            envs, wrote = [], []
+            for _ in range(max(1, args.repeat)):
+                envs.append(env_only(args, quick))
+                wrote.append(written(args, frames, out))
+                loads.append(os.getloadavg()[0])
+            ratios = [w / e for w, e in zip(wrote, envs, strict=True)]
+            show("native env.step + bare policy (nothing stored)", statistics.median(envs))
+            show(
+                f"rlcollect run in-process, native, {args.writer}",
+                statistics.median(wrote),
+                f"{statistics.median(ratios):.2f}x env (median of per-round ratios "
+                f"{', '.join(f'{r:.2f}' for r in ratios)})",
+            )
+        elif "env" in rows:
+            show("native env.step + bare policy (nothing stored)", env_only(args, quick))
         if "collector" in rows:
             show("SyncCollector, batches on host (no writer)", collector_only(args, quick))
         if "cli" in rows:
@@ -243,7 +284,8 @@ def main() -> None:
             "",
             f"Command: `python benchmarks/native.py {' '.join(sys.argv[1:])}`  ",
             f"Machine: {machine()}  ",
-            f"Job: {job}",
+            f"Job: {job}  ",
+            f"Load: 1-minute load average {min(loads):.2f}-{max(loads):.2f}",
             "",
             "| row | value | note |",
             "|---|---:|---|",

@@ -609,4 +609,11 @@ def _envs_dict() -> dict[str, Any]:
 
 
 def main() -> None:
-    app()
+    argv = sys.argv[1:]
+    if argv and "--help" not in argv:
+        app()
+        return
+    from collect_cli._startup import deferred_help_imports
+
+    with deferred_help_imports():
+        app()

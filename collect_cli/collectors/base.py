@@ -66,6 +66,13 @@ def batch_views(
     )
 
 
+def env_error(env_id: str, exc: Exception) -> CollectionError:
+    """The one-line ``CollectionError`` for an exception from the env's own code."""
+    text = str(exc).strip().splitlines()
+    detail = f": {text[0]}" if text else ""
+    return CollectionError(f"env {env_id} raised {type(exc).__name__}{detail}")
+
+
 @contextlib.contextmanager
 def env_errors(env_id: str) -> Iterator[None]:
     """An exception from the env's own code becomes a one-line ``CollectionError``."""
@@ -74,9 +81,7 @@ def env_errors(env_id: str) -> Iterator[None]:
     except RlcollectError:
         raise
     except Exception as exc:
-        text = str(exc).strip().splitlines()
-        detail = f": {text[0]}" if text else ""
-        raise CollectionError(f"env {env_id} raised {type(exc).__name__}{detail}") from exc
+        raise env_error(env_id, exc) from exc
 
 
 def pad_steps(views: Mapping[tuple[str, ...], Any], start: int) -> None:

@@ -89,6 +89,10 @@ class DevicePathMixin:
                     policy_views[i][1][t] = src
                 for dst in extra_views:
                     dst[t] = 0
+            elif self._act is not None:  # the policy on the observation tensor
+                action = self._act(obs[0])
+                policy_views[0][1][t] = action
+                actions = [action]
             else:
                 td = TensorDict(dict(zip(self._obs_keys, obs, strict=True)), batch_size=[n])
                 out = self.policy(td)

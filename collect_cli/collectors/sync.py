@@ -37,14 +37,14 @@ from collect_cli.collectors.base import (
     CollectorBase,
     batch_views,
     derive_seeds,
-    env_errors,
+    env_error,
     pad_steps,
 )
 from collect_cli.collectors.device import DeviceBuffers, DevicePathMixin, steps_on_device
 from collect_cli.envs import VecEnv
-from collect_cli.errors import ConfigError, PolicyError
+from collect_cli.errors import ConfigError, PolicyError, RlcollectError
 from collect_cli.exploration import interaction
-from collect_cli.policies import PolicyFactory, RandomPolicy, torch_dtype
+from collect_cli.policies import PolicyFactory, RandomPolicy, tensor_policy, torch_dtype
 from collect_cli.rollout import RolloutOptions
 
 
@@ -167,16 +167,27 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                 tensors = [t.pin_memory() for t in tensors]
             data = dict(zip(self._obs_keys, tensors, strict=True))
             self._input = ([t.numpy() for t in tensors], TensorDict(data, [self.num_envs]))
+            self._input_tensor = tensors[0]
         arrays, td = self._input
         for dst, src in zip(arrays, obs, strict=True):
             np.copyto(dst, src)
         return td if self.device.type == "cpu" else td.to(self.device, non_blocking=True)
 
+    def _policy_tensor(self, obs: list[np.ndarray]) -> torch.Tensor:
+        """The single observation leaf as the policy's input tensor (the same
+        persistent array as :meth:`_policy_input`'s, refilled)."""
+        np.copyto(self._input[0][0], obs[0])
+        x = self._input_tensor
+        return x if self.device.type == "cpu" else x.to(self.device, non_blocking=True)
+
     def _policy_outputs(self, out: TensorDictBase) -> list[np.ndarray]:
-        """The policy's outputs (``_policy_keys`` order) as host arrays. From a CUDA
-        policy they are copied into pinned buffers asynchronously, with one sync for
-        all of them; the arrays are valid until the next step's outputs."""
-        values = [out.get(k) for k in self._policy_keys]
+        """The policy's outputs (``_policy_keys`` order) as host arrays."""
+        return self._host_outputs([out.get(k) for k in self._policy_keys])
+
+    def _host_outputs(self, values: list[torch.Tensor]) -> list[np.ndarray]:
+        """Policy outputs as host arrays. From a CUDA policy they are copied into
+        pinned buffers asynchronously, with one sync for all of them; the arrays
+        are valid until the next step's outputs."""
         if self.device.type != "cuda":
             return [_host(x) for x in values]
         pinned = getattr(self, "_pinned_out", None)
@@ -222,6 +233,8 @@ class SyncCollector(DevicePathMixin, CollectorBase):
             dtype = torch_dtype(self._leaf_dtype(key)) if key in self._act_keys else value.dtype
             buf[key] = torch.zeros(steps, n, *value.shape[1:], dtype=dtype)
         self._policy_keys = [k for k in buf if k[0] != fmt.NEXT and k not in obs_set]
+        # rlcollect's own policies are called on the observation tensor (no TensorDict)
+        self._act = tensor_policy(self.policy, len(self._obs_keys), self._policy_keys)
         for flag in FLAG_KEYS:
             buf[(flag,)] = torch.zeros(steps, n, 1, dtype=torch.bool)
             buf[(fmt.NEXT, flag)] = torch.zeros(steps, n, 1, dtype=torch.bool)
@@ -273,12 +286,15 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         mask = v[fmt.MASK_KEY]
         bv = batch_views(v, self._obs_keys, self._policy_keys, self._act_keys)
         obs_views, next_views, policy_views = bv.obs, bv.next_obs, bv.policy
-        act_idx, extra_views, reward, traj = bv.act_idx, bv.extras, bv.reward, bv.traj
-        n_done, n_term, n_trunc = bv.done, bv.terminated, bv.truncated
+        act_idx, extra_views, traj = bv.act_idx, bv.extras, bv.traj
+        # [steps, lanes] views of the [steps, lanes, 1] columns: a row is one index
+        reward, n_done = bv.reward[..., 0], bv.done[..., 0]
+        n_term, n_trunc = bv.terminated[..., 0], bv.truncated[..., 0]
+        out_views = [dst for _, dst in policy_views]
         info_views = [v[k] for k in self._info_keys]
-        limit = self.max_frames_per_traj
+        limit, act, env = self.max_frames_per_traj, self._act, self.env
         if limit > 0:
-            count, next_count = v[(fmt.STEP_COUNT,)], v[(fmt.NEXT, fmt.STEP_COUNT)]
+            count, next_count = v[(fmt.STEP_COUNT,)][..., 0], v[(fmt.NEXT, fmt.STEP_COUNT)][..., 0]
         for t in range(self.steps_per_batch):
             for dst, src in zip(obs_views, self._obs, strict=True):
                 dst[t] = src
@@ -286,33 +302,39 @@ class SyncCollector(DevicePathMixin, CollectorBase):
             if self._env_frames < self.init_random_frames:
                 actions = [a.cpu().numpy() for a in self._random_policy.sample(self.num_envs)]
                 for i, src in zip(act_idx, actions, strict=True):
-                    policy_views[i][1][t] = src
+                    out_views[i][t] = src
                 for dst in extra_views:
                     dst[t] = 0
             else:
-                out = self.policy(self._policy_input(self._obs))
-                outputs = self._policy_outputs(out)
-                for (_, dst), src in zip(policy_views, outputs, strict=True):
+                if act is not None:
+                    outputs = self._host_outputs([act(self._policy_tensor(self._obs))])
+                else:
+                    outputs = self._policy_outputs(self.policy(self._policy_input(self._obs)))
+                for dst, src in zip(out_views, outputs, strict=True):
                     dst[t] = src
                 actions = [outputs[i] for i in act_idx]
             self._env_frames += self.num_envs
-            step = self._step(actions)
+            try:  # env_errors, without a context manager per step
+                step = env.step(actions)
+            except RlcollectError:
+                raise
+            except Exception as exc:
+                raise env_error(env.env_id, exc) from exc
             for dst, src in zip(next_views, step.next_obs, strict=True):
                 dst[t] = src
             for dst, src in zip(info_views, step.info or (), strict=True):
                 dst[t] = src
             terminated, truncated = step.terminated, step.truncated
             if limit > 0:
-                count[t, :, 0] = self._step_count
+                count[t] = self._step_count
                 self._step_count += 1
                 hit = (self._step_count >= limit) & ~(terminated | truncated)
                 truncated = truncated | hit
-                next_count[t, :, 0] = self._step_count
-            reward[t, :, 0] = step.reward
-            n_term[t, :, 0] = terminated
-            n_trunc[t, :, 0] = truncated
-            done = terminated | truncated
-            n_done[t, :, 0] = done
+                next_count[t] = self._step_count
+            reward[t] = step.reward
+            n_term[t] = terminated
+            n_trunc[t] = truncated
+            done = np.logical_or(terminated, truncated, out=n_done[t])
             self._obs = step.obs
             if done.any():
                 ended = np.flatnonzero(done)
@@ -337,10 +359,6 @@ class SyncCollector(DevicePathMixin, CollectorBase):
 
     def _pad(self, start: int) -> None:
         pad_steps(self._views, start)
-
-    def _step(self, actions: list[np.ndarray]):
-        with env_errors(self.env.env_id):
-            return self.env.step(actions)
 
     def _new_trajectories(self, lanes: np.ndarray) -> None:
         ids = self._next_id + self._stride * np.arange(len(lanes), dtype=np.int64)

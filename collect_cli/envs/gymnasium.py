@@ -153,14 +153,24 @@ class GymnasiumVecEnv(VecEnv):
         truncated = np.empty(n, bool)
         infos: list[dict[str, Any]] = []
         resets = []
-        for lane, env in enumerate(self._envs):
-            obs, reward[lane], terminated[lane], truncated[lane], info = env.step(
-                self._action(actions, lane)
-            )
-            self._put(next_obs, lane, obs)
-            infos.append(info)
-            if terminated[lane] or truncated[lane]:
-                resets.append((lane, env.reset()[0]))
+        if self._flat_obs and self._flat_act and not self.info_keys:
+            # the common case written out: no per-lane method calls, no info kept
+            acts, dst = actions[0], next_obs[0]
+            for lane, env in enumerate(self._envs):
+                obs, reward[lane], term, trunc, _ = env.step(acts[lane])
+                dst[lane] = obs
+                terminated[lane], truncated[lane] = term, trunc
+                if term or trunc:
+                    resets.append((lane, env.reset()[0]))
+        else:
+            for lane, env in enumerate(self._envs):
+                obs, reward[lane], terminated[lane], truncated[lane], info = env.step(
+                    self._action(actions, lane)
+                )
+                self._put(next_obs, lane, obs)
+                infos.append(info)
+                if terminated[lane] or truncated[lane]:
+                    resets.append((lane, env.reset()[0]))
         obs = next_obs
         if resets:
             obs = [a.copy() for a in next_obs]
