@@ -33,6 +33,7 @@ import io
 import json
 import os
 import select
+import signal
 import socket
 import sys
 import tempfile
@@ -102,15 +103,24 @@ def serve() -> None:
 
 def listen(path: str) -> None:
     """The ``--listen`` mode: one forked child per connection, its exit status
-    sent back; single-threaded (children are forked from this thread only)."""
+    sent back; single-threaded (children are forked from this thread only). A
+    child whose client is gone (killed), or still running when the test ends, is
+    killed with its process group: no run outlives the test."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen()
     waiting: dict[int, socket.socket] = {}
     while True:
-        ready, _, _ = select.select([server, sys.stdin], [], [], 0.01)
+        ready, _, _ = select.select([server, sys.stdin, *waiting.values()], [], [], 0.01)
         if sys.stdin in ready and not sys.stdin.readline():
+            for pid in waiting:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
             return  # the test is over
+        for pid, conn in waiting.items():
+            if conn in ready and not conn.recv(1):  # the client hung up before the end
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
         if server in ready:
             conn, _ = server.accept()
             data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
@@ -132,7 +142,8 @@ def listen(path: str) -> None:
             if done:
                 conn = waiting.pop(pid)
                 code = os.waitstatus_to_exitcode(status)
-                conn.sendall(json.dumps({"code": code}).encode() + b"\n")
+                with contextlib.suppress(OSError):  # the client may be gone
+                    conn.sendall(json.dumps({"code": code}).encode() + b"\n")
                 conn.close()
 
 
