@@ -42,6 +42,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import STARTUP_VARS
+
 ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "support"
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
@@ -180,7 +182,7 @@ def served(tmp_path_factory):
     while not sock.exists():
         assert server.poll() is None and time.monotonic() < deadline, "the fork server failed"
         time.sleep(0.05)
-    startup = {k: env[k] for k in ("PYTHONPATH", "PYTHONHASHSEED", "OMP_NUM_THREADS") if k in env}
+    startup = {k: env.get(k) for k in sorted(STARTUP_VARS)}  # the shim compares these
     yield dict(
         env,
         PATH=f"{SUPPORT / 'bin'}{os.pathsep}{env['PATH']}",
