@@ -64,6 +64,18 @@ class RandomPolicy(nn.Module):
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self._samplers = [self._sampler(leaf) for leaf in self.leaves]
+        # Whether one draw of k*n actions gives the values of k draws of n in turn:
+        # true of torch's CPU uniform and integer samplers on one leaf; not of its
+        # normal sampler (a Box dim unbounded), of CUDA's, nor of leaves interleaved.
+        (leaf,) = self.leaves if len(self.leaves) == 1 else (None,)
+        self.draws_in_sequence = (
+            self.device.type == "cpu"
+            and leaf is not None
+            and (
+                isinstance(leaf.space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
+                or bool(np.isfinite(leaf.space.low).all() and np.isfinite(leaf.space.high).all())
+            )
+        )
 
     def _sampler(self, leaf: specs.Leaf) -> Callable[[int], torch.Tensor]:
         g, dev, space = self.generator, self.device, leaf.space

@@ -42,6 +42,7 @@ from collect_cli.collectors.base import (
 )
 from collect_cli.collectors.device import DeviceBuffers, DevicePathMixin, steps_on_device
 from collect_cli.envs import VecEnv
+from collect_cli.envs.base import StepResult
 from collect_cli.errors import ConfigError, PolicyError, RlcollectError
 from collect_cli.exploration import interaction
 from collect_cli.policies import PolicyFactory, RandomPolicy, tensor_policy, torch_dtype
@@ -119,6 +120,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         self._batches = 0  # rollouts started (reset_at_each_iter)
         self._resets = 0  # lanes reset by max_frames_per_traj (their seeds)
         self._full_resets = 0  # reset() calls (their seeds)
+        self._row_cache: dict[int, list[StepResult]] = {}  # per batch buffer
         self._obs_keys = [("observation", *leaf.key) for leaf in self.env.obs_leaves]
         self._act_keys = [("action", *leaf.key) for leaf in self.env.action_leaves]
         self._info_keys = [("info", key) for key in self.env.info_keys]
@@ -235,6 +237,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         self._policy_keys = [k for k in buf if k[0] != fmt.NEXT and k not in obs_set]
         # rlcollect's own policies are called on the observation tensor (no TensorDict)
         self._act = tensor_policy(self.policy, len(self._obs_keys), self._policy_keys)
+        self._act_idx = [self._policy_keys.index(k) for k in self._act_keys]
         for flag in FLAG_KEYS:
             buf[(flag,)] = torch.zeros(steps, n, 1, dtype=torch.bool)
             buf[(fmt.NEXT, flag)] = torch.zeros(steps, n, 1, dtype=torch.bool)
@@ -285,21 +288,22 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         v = self._views
         mask = v[fmt.MASK_KEY]
         bv = batch_views(v, self._obs_keys, self._policy_keys, self._act_keys)
-        obs_views, next_views, policy_views = bv.obs, bv.next_obs, bv.policy
+        obs_views, policy_views = bv.obs, bv.policy
         act_idx, extra_views, traj = bv.act_idx, bv.extras, bv.traj
-        # [steps, lanes] views of the [steps, lanes, 1] columns: a row is one index
-        reward, n_done = bv.reward[..., 0], bv.done[..., 0]
-        n_term, n_trunc = bv.terminated[..., 0], bv.truncated[..., 0]
+        n_done = bv.done[..., 0]  # [steps, lanes] view of [steps, lanes, 1]: a row is an index
         out_views = [dst for _, dst in policy_views]
         info_views = [v[k] for k in self._info_keys]
         limit, act, env = self.max_frames_per_traj, self._act, self.env
         if limit > 0:
             count, next_count = v[(fmt.STEP_COUNT,)][..., 0], v[(fmt.NEXT, fmt.STEP_COUNT)][..., 0]
+        drawn, rows = stop is None and self._draw_batch(out_views), self._rows(bv)
         for t in range(self.steps_per_batch):
             for dst, src in zip(obs_views, self._obs, strict=True):
                 dst[t] = src
             traj[t] = self._traj_ids
-            if self._env_frames < self.init_random_frames:
+            if drawn:  # the random policy's actions, drawn for the whole batch
+                actions = [out_views[i][t] for i in act_idx]
+            elif self._env_frames < self.init_random_frames:
                 actions = [a.cpu().numpy() for a in self._random_policy.sample(self.num_envs)]
                 for i, src in zip(act_idx, actions, strict=True):
                     out_views[i][t] = src
@@ -314,26 +318,22 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                     dst[t] = src
                 actions = [outputs[i] for i in act_idx]
             self._env_frames += self.num_envs
+            row = rows[t]
             try:  # env_errors, without a context manager per step
-                step = env.step(actions)
+                step = env.step_into(actions, row)
             except RlcollectError:
                 raise
             except Exception as exc:
                 raise env_error(env.env_id, exc) from exc
-            for dst, src in zip(next_views, step.next_obs, strict=True):
-                dst[t] = src
             for dst, src in zip(info_views, step.info or (), strict=True):
                 dst[t] = src
-            terminated, truncated = step.terminated, step.truncated
+            terminated, truncated = row.terminated, row.truncated
             if limit > 0:
                 count[t] = self._step_count
                 self._step_count += 1
                 hit = (self._step_count >= limit) & ~(terminated | truncated)
-                truncated = truncated | hit
+                truncated |= hit
                 next_count[t] = self._step_count
-            reward[t] = step.reward
-            n_term[t] = terminated
-            n_trunc[t] = truncated
             done = np.logical_or(terminated, truncated, out=n_done[t])
             self._obs = step.obs
             if done.any():
@@ -346,10 +346,40 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                     self._new_trajectories(ended)
             if stop is not None and t + 1 < self.steps_per_batch and stop():
                 self._pad(t + 1)
-                return self._buffer
-        if not mask.all():
-            mask[:] = True
+                break
+        else:
+            if not mask.all():
+                mask[:] = True
+        # the next batch starts from these; a consumer may change the yielded buffer
+        self._obs = [np.array(a) for a in self._obs]
         return self._buffer
+
+    def _draw_batch(self, out_views: list[np.ndarray]) -> bool:
+        """Draw the whole batch's actions at once where the policy is the random
+        policy and this gives the values a draw per step would (one leaf, CPU, no
+        normal samples, no random warm-up frames in the batch, and no ``stop``: a
+        batch cut short draws no more than its steps): one torch call a batch."""
+        policy = self.policy
+        if type(policy) is not RandomPolicy or self._env_frames < self.init_random_frames:
+            return False
+        if not policy.draws_in_sequence or len(out_views) != len(self._act_keys):
+            return False
+        steps, n = self.steps_per_batch, self.num_envs
+        for i, value in zip(self._act_idx, policy.sample(steps * n), strict=True):
+            out_views[i][...] = value.reshape(out_views[i].shape).numpy()
+        return True
+
+    def _rows(self, bv) -> list[StepResult]:
+        """Each step's row of the batch buffer, as the env writes its results into it
+        (made once per buffer)."""
+        rows = self._row_cache.get(id(self._buffer))
+        if rows is None:
+            reward, term, trunc = bv.reward[..., 0], bv.terminated[..., 0], bv.truncated[..., 0]
+            rows = self._row_cache[id(self._buffer)] = [
+                StepResult([], [v[t] for v in bv.next_obs], reward[t], term[t], trunc[t])
+                for t in range(self.steps_per_batch)
+            ]
+        return rows
 
     def _truncate(self, lanes: np.ndarray) -> None:
         """Reset the lanes that reached ``max_frames_per_traj`` (the env did not)."""

@@ -59,6 +59,19 @@ class VecEnv(ABC):
     def step(self, actions: list[np.ndarray]) -> StepResult:
         """Step all lanes; lanes whose episode ended are reset in the same call."""
 
+    def step_into(self, actions: list[np.ndarray], out: StepResult) -> StepResult:
+        """:meth:`step`, its ``next_obs``, ``reward``, ``terminated`` and ``truncated``
+        written into ``out``'s arrays (a batch buffer's row: no copy where the backend
+        writes them in place). Returns the step, whose arrays are ``out``'s; its
+        ``obs`` may be them too, valid until they are written again."""
+        step = self.step(actions)
+        for dst, src in zip(out.next_obs, step.next_obs, strict=True):
+            dst[...] = src
+        for name in ("reward", "terminated", "truncated"):
+            getattr(out, name)[...] = getattr(step, name)
+        obs = out.next_obs if step.obs is step.next_obs else step.obs
+        return StepResult(obs, out.next_obs, out.reward, out.terminated, out.truncated, step.info)
+
     @abstractmethod
     def close(self) -> None:
         """Release the environments."""

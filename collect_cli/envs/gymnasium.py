@@ -147,18 +147,25 @@ class GymnasiumVecEnv(VecEnv):
 
     def step(self, actions: list[np.ndarray]) -> StepResult:
         n = self.num_envs
-        next_obs = self._empty_obs()
-        reward = np.empty(n, np.float32)
-        terminated = np.empty(n, bool)
-        truncated = np.empty(n, bool)
+        out = StepResult(
+            obs=[],
+            next_obs=self._empty_obs(),
+            reward=np.empty(n, np.float32),
+            terminated=np.empty(n, bool),
+            truncated=np.empty(n, bool),
+        )
+        return self.step_into(actions, out)
+
+    def step_into(self, actions: list[np.ndarray], out: StepResult) -> StepResult:
+        next_obs, reward = out.next_obs, out.reward
+        terminated, truncated = out.terminated, out.truncated
         infos: list[dict[str, Any]] = []
         resets = []
         if self._flat_obs and self._flat_act and not self.info_keys:
             # the common case written out: no per-lane method calls, no info kept
             acts, dst = actions[0], next_obs[0]
             for lane, env in enumerate(self._envs):
-                obs, reward[lane], term, trunc, _ = env.step(acts[lane])
-                dst[lane] = obs
+                dst[lane], reward[lane], term, trunc, _ = env.step(acts[lane])
                 terminated[lane], truncated[lane] = term, trunc
                 if term or trunc:
                     resets.append((lane, env.reset()[0]))

@@ -57,6 +57,23 @@ def test_seed_reproducible_and_distinct():
     assert len({tuple(row.tolist()) for row in first}) == 4
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_random_actions_drawn_per_batch_equal_those_drawn_per_step(env_id):
+    """The random policy draws a whole batch's actions at once; a policy that is
+    not the RandomPolicy class itself is called every step. Same generator, same seed:
+    the same dataset."""
+    from collect_cli.collectors import derive_seeds
+    from collect_cli.policies import RandomPolicy
+
+    per_batch = collect(env_id, seed=5)
+    space = env_factory(env_id, 1)().action_space
+    drawn = RandomPolicy(space, "cpu", derive_seeds(5, 1, 1)[0])
+    per_step = collect(env_id, seed=5, policy=lambda td: drawn(td))
+    for x, y in zip(per_batch, per_step, strict=True):
+        assert (x == y).all()
+    assert not (per_batch[0]["action"] == per_batch[1]["action"]).all()
+
+
 def test_batches_are_independent_copies_unless_same_td():
     a, b = collect(total_frames=200)
     assert a["observation"].data_ptr() != b["observation"].data_ptr()
