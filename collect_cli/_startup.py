@@ -16,7 +16,6 @@ and then removes itself. Importing this module imports nothing heavy.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
 from types import ModuleType
@@ -29,10 +28,10 @@ def _unmarked(fn: Any) -> Any:
     return fn
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     """tensordict's own loader, run with the compile markers switched off."""
 
-    def __init__(self, inner: importlib.abc.Loader) -> None:
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
@@ -54,7 +53,7 @@ class _Loader(importlib.abc.Loader):
         return getattr(self.inner, name)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:  # a meta path finder (importlib.abc costs 16 ms of every start)
     def find_spec(self, name, path=None, target=None):
         if name != "tensordict":
             return None
@@ -78,42 +77,3 @@ def install() -> None:
 def uninstall() -> None:
     if _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
-
-
-# rich modules that typer.rich_utils imports and rlcollect's help never uses
-# (help is in rich markup mode, not markdown; pretty tracebacks are off)
-HELP_UNUSED = {"rich.markdown": "Markdown", "rich.traceback": "Traceback"}
-
-
-def _deferred(module: str, name: str) -> type:
-    """A stand-in for ``module.name``: building one imports the real class."""
-
-    def new(cls: type, *args: Any, **kwargs: Any) -> Any:
-        if getattr(sys.modules.get(module), "__deferred__", False):
-            del sys.modules[module]
-        real = getattr(importlib.import_module(module), name)
-        return real(*args, **kwargs)
-
-    return type(name, (), {"__new__": new})
-
-
-class deferred_help_imports:
-    """While ``--help`` is rendered, :data:`HELP_UNUSED` are placeholders (markdown-it
-    and pygments: ~40% of ``rlcollect --help``'s time); removed on exit, so a
-    later import gets the real modules."""
-
-    def __enter__(self) -> None:
-        self.placed = []
-        for module, name in HELP_UNUSED.items():
-            if module in sys.modules:
-                continue
-            stub = ModuleType(module)
-            stub.__deferred__ = True
-            setattr(stub, name, _deferred(module, name))
-            sys.modules[module] = stub
-            self.placed.append(module)
-
-    def __exit__(self, *exc: object) -> None:
-        for module in self.placed:
-            if getattr(sys.modules.get(module), "__deferred__", False):
-                del sys.modules[module]

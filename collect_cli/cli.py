@@ -28,6 +28,7 @@ app = typer.Typer(
     add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: rendering it with rich took 40% of --help
 )
 
 
@@ -54,17 +55,25 @@ _RUN_HELP = """Collect a dataset. Arguments are Hydra overrides (key=value).
 
 \b
 Groups: env=Pendulum|CartPole|MountainCar|MountainCarContinuous|Acrobot|gym
-        policy=random|mlp|torchscript|python  writer=hdf5|memmap
-        collector=sync|multisync|multiasync|async  postproc=none|multistep
+        policy=random|mlp|torchscript|python|export|sb3
+        collector=sync|multisync|multiasync|async  writer=hdf5|memmap
+        postproc=none|multistep
 Keys:   total_frames frames_per_batch device storing_device seed out
         overwrite resume max_frames_per_traj init_random_frames
         reset_at_each_iter reset_when_done split_trajs
-        exploration_type=random|mode|mean progress=auto|rich|plain|none
-        debug env.id env.num_envs env.kwargs env.info_keys policy.hidden
-        policy.activation policy.checkpoint policy.path policy.target
-        policy.noise=none|gaussian|epsilon policy.noise_scale
-        policy.epsilon postproc.n postproc.gamma
-        writer.compression=none|gzip|lzf writer.chunk_frames
+        exploration_type=random|mode|mean progress=auto|rich|plain|none debug
+        env.id env.num_envs env.backend=gymnasium|envpool|native env.kwargs
+        env.info_keys
+        policy.noise=none|gaussian|epsilon policy.noise_scale policy.epsilon
+        policy.hidden policy.activation policy.checkpoint policy.path
+        policy.target policy.algo policy.deterministic policy.vecnormalize
+        policy.extras
+        collector.workers collector.start_method collector.preemptive_threshold
+        writer.layout=auto|full|compact writer.compression=none|gzip|lzf|zstd|
+        lz4|blosc2|blosc2-zstd writer.compression_level writer.chunk_frames
+        postproc.n postproc.gamma
+        dataset.author dataset.author_email dataset.code_permalink
+        dataset.description dataset.ref_min_score dataset.ref_max_score
 \b
 Example: rlcollect run env=CartPole total_frames=1e5 writer=memmap out=data/cp
 Sweep:   rlcollect run -m seed=0,1,2,3 [hydra/launcher=joblib|submitit_local]
@@ -609,11 +618,4 @@ def _envs_dict() -> dict[str, Any]:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    if argv and "--help" not in argv:
-        app()
-        return
-    from collect_cli._startup import deferred_help_imports
-
-    with deferred_help_imports():
-        app()
+    app()

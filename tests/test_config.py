@@ -107,3 +107,30 @@ def test_yaml_holds_only_what_differs_from_the_schemas():
     assert set(top) == {"defaults"}  # every other key's default is RunConfig's
     for group in config.GROUPS:
         assert not (config.conf_dir() / group).exists(), f"conf/{group}/ duplicates the schemas"
+
+
+def test_run_help_names_every_group_option_and_key():
+    """``rlcollect run --help`` is written by hand (importing the config would slow
+    it down): it must name every preset, group option and config key."""
+    import dataclasses
+    import re
+
+    from collect_cli.cli import _RUN_HELP
+
+    words = set(re.findall(r"[\w.\-]+", _RUN_HELP.replace("|\n", "|")))
+    words |= {w for line in _RUN_HELP.splitlines() for w in re.split(r"[=|\s]+", line)}
+    presets = {p.stem for p in (config.conf_dir() / "env").glob("*.yaml")}
+    assert presets <= words, presets - words
+    for group, options in config.GROUPS.items():
+        assert set(options) <= words, (group, set(options) - words)
+        keys = {f"{group}.{f.name}" for c in options.values() for f in dataclasses.fields(c)}
+        assert keys - {f"{group}.name"} <= words, (group, keys - words)
+    for field in dataclasses.fields(config.RunConfig):
+        if field.name in config.GROUPS:
+            continue
+        if field.name in ("env", "dataset"):
+            sub = field.default_factory() if field.name == "dataset" else config.EnvConfig
+            names = {f"{field.name}.{f.name}" for f in dataclasses.fields(sub)}
+            assert names - {"env.name"} <= words, names - words
+        else:
+            assert field.name in words, field.name
