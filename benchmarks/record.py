@@ -51,9 +51,12 @@ def append(lines: list[str]) -> None:
 
 def run_frames_per_s(overrides: list[str]) -> float:
     """Frames per second of a whole ``rlcollect run OVERRIDES`` in this process
-    (collector, episodes table, writer, commits), progress off, ``out`` replaced."""
+    (collector, episodes table, writer, commits, close's fsync), progress off,
+    ``out`` replaced. The disk starts idle: what earlier runs wrote is synced first,
+    or a run would also wait for their pages at its own fsync."""
     from collect_cli import config
     from collect_cli.run import run
 
+    os.sync()
     result = run(config.load(config.compose([*overrides, "overwrite=true", "progress=none"])))
     return result.frames / result.seconds

@@ -75,7 +75,9 @@ class WriteBehind:
     collecting thread until one of them is written, so a collector that reuses
     ``depth`` buffers in turn never overwrites a batch not yet on disk. Batches
     are written in submission order; after each commit ``on_commit`` gets the
-    returns of the episodes it finished (called on the writer thread).
+    returns of the episodes it finished (called on the writer thread). In the
+    background the writer also forces its frames to the device as it goes
+    (``Writer.write_back``), so that closing the dataset does not wait on the disk.
 
     An error while writing stops the thread; it is raised in the collecting
     thread by the next :meth:`reserve`/:meth:`submit`/:meth:`finish`. Whatever
@@ -138,6 +140,8 @@ class WriteBehind:
         try:
             returns = self.stream.push(lane_start, batch)
             self.stream.writer.commit()
+            if self.background:  # the disk works while the next batch is collected
+                self.stream.writer.write_back()
             self.on_commit(returns)
         except BaseException as exc:  # re-raised in the collecting thread
             self._error = exc

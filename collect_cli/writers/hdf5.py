@@ -24,7 +24,7 @@ import numpy as np
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, Rows
 from collect_cli.errors import ConfigError, OutputError, WriteError
-from collect_cli.writers.base import Writer
+from collect_cli.writers.base import Writer, start_write_back
 
 JSON_ATTRS = (
     "observation_space",
@@ -247,7 +247,7 @@ class RootAttrs:
                     self._attrs[key] = stored
                 elif key in self._attrs:
                     del self._attrs[key]
-            self._written[key] = copy.deepcopy(value)
+            self._written[key] = _snapshot(value)
 
     def _overwrite(self, key: str, value: Any) -> bool:
         """Write a number (or numeric array) into the stored attribute ``key`` of
@@ -296,6 +296,14 @@ class RootAttrs:
 
 def _padded(array: np.ndarray, length: int) -> np.ndarray:
     return np.concatenate([array, np.full(length - len(array), PAD, array.dtype)])
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of ``value`` as stored; a flat list of numbers (``lane_steps``, one per
+    lane, at every commit) shallowly: deepcopy took 8 ms a commit for 4096 lanes."""
+    if isinstance(value, list) and all(type(x) in (int, float) for x in value):
+        return list(value)
+    return copy.deepcopy(value)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -658,6 +666,9 @@ class Hdf5Writer(Writer):
         if self._eoa_at is not None:
             os.pwrite(self._fd, struct.pack("<Q", os.fstat(self._fd).st_size), self._eoa_at)
         self._file.flush()
+
+    def _write_back(self) -> None:
+        start_write_back(self._fd)  # committed: the flush put it all in the OS's cache
 
     # durability D11 (docs/durability.md)
     def _close(self) -> None:

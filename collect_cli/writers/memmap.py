@@ -29,7 +29,7 @@ import torch
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, Rows
 from collect_cli.errors import OutputError
-from collect_cli.writers.base import Writer, exchange
+from collect_cli.writers.base import Writer, exchange, start_write_back
 
 META_FILE = "rlcollect.json"
 RELEASE_BYTES = 32 << 20  # written bytes between two page releases (see _release_pages)
@@ -394,6 +394,14 @@ class MemmapWriter(Writer):
                 raw.madvise(mmap.MADV_DONTNEED)
 
     # durability D11 (docs/durability.md)
+    def _write_back(self) -> None:
+        for key in self._maps:  # by path: the maps' own names predate the publish rename
+            fd = os.open(self._file(key), os.O_RDONLY)
+            try:
+                start_write_back(fd)
+            finally:
+                os.close(fd)
+
     def _sync(self) -> None:
         """Force everything to the device (at close: durable across power loss)."""
         for mm in self._maps.values():

@@ -195,3 +195,33 @@ def test_open_removes_what_dead_runs_left_before_their_first_commit(tmp_path, ba
     left = {name for name, p in leftovers.items() if p.exists()}
     assert left == {"alive", "other"}  # a live run's own, and another dataset's
     assert open_dataset(path).meta["status"] == "complete"
+
+
+def test_write_back_starts_writing_committed_frames_and_keeps_the_dataset(
+    tmp_path, backend, batches, monkeypatch
+):
+    """A writer on its own thread calls ``write_back`` after each commit: once
+    ``WRITE_BACK_BYTES`` were appended it asks the kernel to write them out (the
+    syscall really runs: on a closed descriptor it fails), and the dataset is intact."""
+    from collect_cli.writers import base
+
+    r, w_fd = os.pipe()
+    base.start_write_back(r)  # not a file: nothing to write, no error
+    os.close(r)
+    os.close(w_fd)
+    with pytest.raises(OSError):
+        base.start_write_back(r)
+
+    monkeypatch.setattr(base, "WRITE_BACK_BYTES", batches[0].bytes() + 1)
+    path = out_path(tmp_path, backend)
+    w = make_writer(backend, path, metadata={}, planned_steps=500).open()
+    unsynced = []
+    for b in batches[:4]:
+        w.append(b)
+        w.commit()
+        w.write_back()
+        unsynced.append(w._unsynced)
+    w.close()
+    assert unsynced[0] > 0 and unsynced[1] == 0 and unsynced[2] > 0 and unsynced[3] == 0
+    td = open_dataset(path).load()
+    assert torch.equal(td["observation"][:, :60], torch.cat(batches[:4], 1)["observation"][:, :60])
