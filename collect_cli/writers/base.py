@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from tensordict import TensorDictBase
 
 from collect_cli import dataformat as fmt
@@ -213,12 +214,18 @@ def _alive(pid: int) -> bool:
 
 # durability D5 (docs/durability.md)
 def leaf_items(batch: TensorDictBase) -> list[tuple[tuple[str, ...], np.ndarray]]:
-    """``(key tuple, numpy array)`` for every leaf of a CPU batch, the mask last:
-    a frame whose mask is on disk has all its other entries on disk too."""
+    """``(key tuple, numpy array)`` for every leaf of a batch, the mask last (a frame
+    whose mask is on disk has all its other entries on disk too). Each array is
+    C-contiguous ``[lanes, time, ...]``: the collectors' buffers are time-major, and
+    torch's transposing copy is 2-3x numpy's; the backends and the episode tracker
+    then read contiguous lanes."""
     out = []
     for key, value in batch.items(True, True):
         key = key if isinstance(key, tuple) else (key,)
-        out.append((key, value.detach().cpu().numpy()))
+        value = value.detach().cpu()
+        if not value.is_contiguous():
+            value = value.clone(memory_format=torch.contiguous_format)
+        out.append((key, value.numpy()))
     out.sort(key=lambda item: item[0] == MASK_KEY)
     return out
 
@@ -459,7 +466,7 @@ class Writer(abc.ABC):
             if finals:
                 self._write_finals(finals, self.finals)
                 self.finals += len(finals[fmt.FINAL_TIME_KEY])
-            rows = self.tracker.update(batch, t0, lane_start)
+            rows = self.tracker.update(dict(items), t0, lane_start)
             self._flag_cuts(*self.tracker.cuts)
             self._write_episodes(rows, self.episodes)
         except OSError as exc:

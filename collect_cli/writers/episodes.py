@@ -7,21 +7,25 @@ All work is vectorised over lanes and boundaries (no Python loop per lane).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 from tensordict import TensorDictBase
 
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, Rows, concat_rows
 
+Frames = TensorDictBase | Mapping[fmt.Key, np.ndarray]  # a batch, or its leaves by key tuple
 
-def frame_flags(batch: TensorDictBase, mask: np.ndarray) -> tuple[np.ndarray, ...]:
+
+def frame_flags(batch: Frames, mask: np.ndarray) -> tuple[np.ndarray, ...]:
     """``(reward, done, terminated, truncated)`` of each frame's own step, ``[lanes, time]``
     (:func:`~collect_cli.dataformat.own_step`); ``done`` is False on padding."""
     shape = mask.shape
 
     def get(key: fmt.Key) -> np.ndarray | None:
         value = batch.get(key, None)
-        return None if value is None else value.numpy()
+        return None if value is None else np.asarray(value)
 
     reward, done = fmt.own_step(get, shape)
     return (
@@ -61,10 +65,11 @@ class EpisodeTracker:
         self.last_t = np.concatenate([self.last_t, np.full(extra, -1, np.int64)])
         self.lanes = lanes
 
-    def update(self, batch: TensorDictBase, t0: int, lane_start: int = 0) -> Rows:
-        """Consume one batch of lanes ``lane_start...`` written at time offset ``t0``."""
-        mask = batch.get(fmt.MASK_KEY).numpy()
-        traj = batch.get(fmt.TRAJ_KEY).numpy()
+    def update(self, batch: Frames, t0: int, lane_start: int = 0) -> Rows:
+        """Consume one batch of lanes ``lane_start...`` written at time offset ``t0``
+        (a TensorDict, or its leaves by key tuple: lane-major arrays read faster)."""
+        mask = np.asarray(batch.get(fmt.MASK_KEY))
+        traj = np.asarray(batch.get(fmt.TRAJ_KEY))
         reward, done, term, trunc = frame_flags(batch, mask)
         if not self.split_on_done:
             done = np.zeros_like(done)
