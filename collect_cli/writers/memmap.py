@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import mmap
 import os
@@ -36,6 +37,7 @@ RELEASE_BYTES = 32 << 20  # written bytes between two page releases (see _releas
 TD_CLASS = {"_type": "<class 'tensordict._td.TensorDict'>", "_format_version": 1}
 
 
+@functools.cache
 def torch_dtype_name(dtype: np.dtype) -> str:
     return str(torch.from_numpy(np.empty(0, dtype=dtype)).dtype)
 
@@ -50,7 +52,7 @@ def write_json(path: Path, data: dict[str, Any], sync: bool = False) -> None:
     """Atomically replace ``path`` with ``data`` (write, optionally fsync, rename)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
+        f.write(json.dumps(data))  # one line, by json's C encoder: 3-4x faster per commit
         if sync:
             f.flush()
             os.fsync(f.fileno())
@@ -147,7 +149,7 @@ def write_td_meta(
     ``frames`` (key -> full shape, dtype), the episodes columns of ``episodes`` rows and
     the ``final/`` table (compact layout: key -> full shape, dtype). The two tables are
     written alone with ``only_episodes``, left out with ``skip_episodes``."""
-    leaves = dict(frames)
+    leaves = {} if only_episodes else dict(frames)  # (most commits write the tables alone)
     for name, dtype in COLUMNS.items():
         leaves[(fmt.EPISODES, name)] = ((episodes,), dtype)
     leaves.update(finals or {})
