@@ -76,7 +76,7 @@ class WriteBehind:
     ``depth`` buffers in turn never overwrites a batch not yet on disk. Batches
     are written in submission order; after each commit ``on_commit`` gets the
     returns of the episodes it finished (called on the writer thread). In the
-    background the writer also forces its frames to the device as it goes
+    background the writer also starts the kernel writing its frames out as it goes
     (``Writer.write_back``), so that closing the dataset does not wait on the disk.
 
     An error while writing stops the thread; it is raised in the collecting
