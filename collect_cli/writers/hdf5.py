@@ -164,19 +164,21 @@ class Block:
 
     def write(self, start: tuple[int, ...], array: np.ndarray) -> None:
         """``ds[start : start + array.shape] = array``, growing ``ds`` to hold it."""
-        shape, lead = self.shape, len(start)
-        if array.ndim != len(shape) or array.shape[lead:] != shape[lead:]:
-            raise TypeError(
-                f"can't write an array of shape {array.shape} into {self.ds.name} {shape}"
-            )
+        shape, lead, size = self.shape, len(start), array.shape
+        if len(size) != len(shape) or size[lead:] != shape[lead:]:
+            raise TypeError(f"can't write an array of shape {size} into {self.ds.name} {shape}")
         if not array.size:
             return
-        end = tuple(a + n for a, n in zip(start, array.shape[:lead], strict=True))
-        if any(e > n for e, n in zip(end, shape, strict=False)):
-            grown = tuple(max(e, n) for e, n in zip(end, shape, strict=False)) + shape[lead:]
-            self._id.set_extent(grown)
-            self._extent_changed(grown)
-        if self._direct and self._on_chunk_grid(start, array.shape[:lead]):
+        # plain loops: this runs for every key of every batch (generators cost more here)
+        grown, on_grid = list(shape), self._direct
+        for axis in range(lead):
+            begin, n, chunk = start[axis], size[axis], self._chunk[axis] if on_grid else 1
+            grown[axis] = max(grown[axis], begin + n)
+            on_grid = on_grid and begin % chunk == 0 and n % chunk == 0
+        if grown != list(shape):
+            self._id.set_extent(tuple(grown))
+            self._extent_changed(tuple(grown))
+        if on_grid:
             self._write_chunks(start, array)
             return
         if self._space is None:
@@ -185,10 +187,6 @@ class Block:
         if array.shape != self._mem_shape:
             self._mem, self._mem_shape = h5py.h5s.create_simple(array.shape), array.shape
         self._id.write(self._mem, self._space, np.ascontiguousarray(array))
-
-    def _on_chunk_grid(self, start: tuple[int, ...], size: tuple[int, ...]) -> bool:
-        chunk = self._chunk
-        return all(s % c == 0 and n % c == 0 for s, n, c in zip(start, size, chunk, strict=False))
 
     def _write_chunks(self, start: tuple[int, ...], array: np.ndarray) -> None:
         lead, chunk = len(start), self._chunk
