@@ -466,7 +466,8 @@ class Writer(abc.ABC):
             if finals:
                 self._write_finals(finals, self.finals)
                 self.finals += len(finals[fmt.FINAL_TIME_KEY])
-            rows = self.tracker.update(dict(items), t0, lane_start)
+            arrays = dict(items)
+            rows = self.tracker.update(arrays, t0, lane_start)
             self._flag_cuts(*self.tracker.cuts)
             self._write_episodes(rows, self.episodes)
         except OSError as exc:
@@ -474,7 +475,7 @@ class Writer(abc.ABC):
         self.cursor[group] = t0 + steps
         self._unsynced += sum(a.nbytes for _, a in items)
         self.steps = int(self.cursor.max())
-        self.frames += int(batch.get(MASK_KEY).sum())
+        self.frames += int(np.count_nonzero(arrays[MASK_KEY]))
         self.episodes += len(rows["traj_id"])
         return rows
 
