@@ -225,3 +225,27 @@ def test_write_back_starts_writing_committed_frames_and_keeps_the_dataset(
     assert unsynced[0] > 0 and unsynced[1] == 0 and unsynced[2] > 0 and unsynced[3] == 0
     td = open_dataset(path).load()
     assert torch.equal(td["observation"][:, :60], torch.cat(batches[:4], 1)["observation"][:, :60])
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [
+        ((125, 8), torch.int64),  # tiny: numpy's copy
+        ((100, 1024, 3), torch.float32),  # small frames, a large leaf: torch's copy
+        ((100, 256, 1), torch.bool),
+        ((4, 3, 96, 96, 3), torch.uint8),  # frames of 27 KiB: numpy's copy
+    ],
+)
+def test_lane_major_copies_time_major_buffers_exactly(shape, dtype):
+    """The writers' leaves are C-contiguous [lanes, time] copies of the collectors'
+    time-major buffers, whichever library copies them."""
+    from collect_cli.writers.base import lane_major
+
+    g = torch.Generator().manual_seed(0)
+    buffer = (torch.rand(shape, generator=g) * 200).to(dtype)  # [time, lanes, ...]
+    view = buffer.transpose(0, 1)
+    got = lane_major(view)
+    assert got.flags["C_CONTIGUOUS"] and got.shape == tuple(view.shape)
+    np.testing.assert_array_equal(got, view.numpy())
+    assert not np.shares_memory(got, buffer.numpy())
+    assert np.shares_memory(lane_major(buffer), buffer.numpy())  # contiguous: no copy
