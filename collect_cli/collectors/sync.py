@@ -362,7 +362,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         policy = self.policy
         if type(policy) is not RandomPolicy or self._env_frames < self.init_random_frames:
             return False
-        if not policy.draws_in_sequence or len(out_views) != len(self._act_keys):
+        if not policy.draws_in_sequence:
             return False
         steps, n = self.steps_per_batch, self.num_envs
         for i, value in zip(self._act_idx, policy.sample(steps * n), strict=True):

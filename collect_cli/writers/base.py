@@ -12,6 +12,7 @@ import abc
 import contextlib
 import ctypes
 import errno
+import functools
 import glob
 import math
 import os
@@ -118,19 +119,20 @@ def start_write_back(fd: int) -> None:
     """Start writing the file's dirty pages to the device, without waiting for them
     (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); a no-op where it is missing:
     the fsync at close then writes them all."""
-    global _sync_file_range
-    if _sync_file_range is None:
-        _sync_file_range = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", False)
-        if _sync_file_range:
-            c = ctypes
-            _sync_file_range.argtypes = [c.c_int, c.c_int64, c.c_int64, c.c_uint]
-    if _sync_file_range and _sync_file_range(fd, 0, 0, 2) != 0:  # 2: SYNC_FILE_RANGE_WRITE
+    sync_file_range = _sync_file_range()
+    if sync_file_range is not None and sync_file_range(fd, 0, 0, 2) != 0:  # 2: ..._WRITE
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOSYS, errno.ESPIPE):
             raise OSError(err, os.strerror(err))
 
 
-_sync_file_range: Any = None  # libc's, once looked up (False where there is none)
+@functools.cache
+def _sync_file_range() -> Any:
+    """libc's ``sync_file_range``, or None where there is none."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return fn
 
 
 def fsync_tree(path: Path) -> None:
