@@ -40,6 +40,12 @@ _SERVER = None
 STARTUP_VARS = {"PYTHONPATH", "PYTHONHASHSEED", "OMP_NUM_THREADS"}  # read when Python starts
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked ``slow`` run first: with ``-n 2`` a long test collected late
+    would otherwise run alone at the end while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def _server():
     global _SERVER
     if _SERVER is None:

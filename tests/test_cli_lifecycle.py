@@ -66,6 +66,7 @@ def test_env_failure_mid_run_exits_1_and_keeps_committed_data(tmp_path, backend)
     assert meta["frames"] == 80 and meta["steps"] == 40
 
 
+@pytest.mark.slow
 def test_disk_full_exits_1_and_keeps_committed_data(tmp_path, backend):
     """A file-size limit (RLIMIT_FSIZE) stands in for a full disk."""
     import resource

@@ -22,6 +22,7 @@ from tests.helpers import SUPPORT, ForkServer, assert_consistent, assert_split_o
 RUNS_PER_BACKEND = int(os.environ.get("RLCOLLECT_CRASH_RUNS", "10"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["hdf5", "memmap"])
 def test_sigkill_at_random_moments_leaves_valid_datasets(tmp_path, backend):
     rng = random.Random(1234)
@@ -135,6 +136,7 @@ def test_kill_at_each_write_of_hdf5_commits_leaves_a_sound_file(tmp_path):
     assert not {k: problems for k, problems in bad.items() if problems}
 
 
+@pytest.mark.slow
 @needs_strace
 def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
     """Fault injection where HDF5 changes the file's structure: creating it (its
@@ -167,6 +169,7 @@ def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
     assert {False, "running", "complete"} == set(published.values())
 
 
+@pytest.mark.slow
 @needs_strace
 def test_kill_at_writes_of_a_split_trajs_hdf5_run_leaves_a_sound_file(tmp_path):
     """split_trajs: rows are whole episodes, so the datasets are made when the first

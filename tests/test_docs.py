@@ -47,6 +47,8 @@ from tests.conftest import STARTUP_VARS
 ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "support"
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+LONG_PAGES = ("policies.md", "dataset.md")  # 15 s and more: scheduled first
+RUNNABLE = [pytest.param(p, marks=pytest.mark.slow) if p.name in LONG_PAGES else p for p in DOCS]
 README_MAX_LINES = 200
 SHELL, PYTHON = ("bash", "console"), ("python",)
 RULES = (
@@ -219,7 +221,7 @@ def test_relative_links_resolve(path):
         assert resolved.exists(), f"{path.name}: broken link {target}"
 
 
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", RUNNABLE, ids=lambda p: p.name)
 def test_commands_run_as_written(path, tmp_path, served):
     if not any(b.runs for b in blocks(path)):
         pytest.skip("nothing to run")

@@ -74,6 +74,7 @@ def invoke(*args: str):
     return Result(res.exit_code, res.stdout, res.stderr)
 
 
+@pytest.mark.slow
 def test_submitit_sweep_shards_merge_into_one_sound_dataset(cli, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     res = cli(
