@@ -141,9 +141,23 @@ class Block:
     ``H5Dwrite_chunk``: no selection, no copy into the chunk cache, and nothing
     left for the commit's flush to write but the chunk index (a third of the
     cost, measured). Other blocks go through the chunk cache (``H5Dwrite``).
+
+    Tables that only grow (the episodes columns) are written by :meth:`append`:
+    it holds their last, partial chunk and writes it whole each time, directly.
     """
 
-    __slots__ = ("_chunk", "_direct", "_id", "_mem", "_mem_shape", "_space", "ds", "shape")
+    __slots__ = (
+        "_chunk",
+        "_direct",
+        "_id",
+        "_mem",
+        "_mem_shape",
+        "_space",
+        "_tail",
+        "_tail_at",
+        "ds",
+        "shape",
+    )
 
     def __init__(self, ds: h5py.Dataset) -> None:
         self.ds = ds
@@ -152,6 +166,8 @@ class Block:
         self._direct = bool(self._chunk) and ds.id.get_create_plist().get_nfilters() == 0
         self._mem: Any = None  # the memory dataspace of the last block written through the cache
         self._mem_shape: tuple[int, ...] = ()
+        self._tail: np.ndarray | None = None  # append(): the chunk holding the last rows
+        self._tail_at = -1  # its first row
         self._extent_changed(ds.id.shape)
 
     def _extent_changed(self, shape: tuple[int, ...]) -> None:
@@ -161,6 +177,34 @@ class Block:
     def resize(self, size: int, axis: int) -> None:
         self.ds.resize(size, axis=axis)
         self._extent_changed(self._id.shape)
+        self._tail_at = -1
+
+    def append(self, start: int, rows: np.ndarray) -> None:
+        """``ds[start : start + len(rows)] = rows`` for a 1-d table that grows by
+        appends: each chunk the rows touch is written whole with ``H5Dwrite_chunk``,
+        the last one from the copy held here (a write through the chunk cache costs
+        ~3x more, and the commit's flush then writes that chunk whole anyway)."""
+        if not self._direct or len(self._chunk) != 1:
+            self.write((start,), rows)
+            return
+        size, end = self._chunk[0], start + len(rows)
+        if end > self.shape[0]:
+            self._id.set_extent((end,))
+            self._extent_changed((end,))
+        at, done = start - start % size, 0
+        while done < len(rows):
+            if self._tail_at != at:  # another chunk: its rows already stored, then fill
+                self._tail = np.zeros(size, self.ds.dtype)
+                if start > at:
+                    self._tail[: start - at] = self.ds[at:start]
+                self._tail_at = at
+            lo = start + done - at
+            n = min(size - lo, len(rows) - done)
+            self._tail[lo : lo + n] = rows[done : done + n]
+            self._id.write_direct_chunk((at,), self._tail)
+            done += n
+            if lo + n == size:
+                at += size
 
     def write(self, start: tuple[int, ...], array: np.ndarray) -> None:
         """``ds[start : start + array.shape] = array``, growing ``ds`` to hold it."""
@@ -631,7 +675,7 @@ class Hdf5Writer(Writer):
         if not count:
             return
         for name, block in self._episodes.items():
-            block.write((start,), np.asarray(rows[name], COLUMNS[name]))
+            block.append(start, np.asarray(rows[name], COLUMNS[name]))
 
     # durability D4, D5, D6 (docs/durability.md)
     def _commit(self) -> None:

@@ -93,6 +93,38 @@ def test_a_block_of_the_wrong_shape_is_refused(tmp_path):
             b.write((0, 0), np.zeros((2, 4, 2), "f4"))
 
 
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_appended_rows_equal_numpy_across_chunks_cuts_and_reopening(tmp_path, compression):
+    # Block.append holds the last partial chunk (direct writes; gzip: through the
+    # cache): rows within a chunk, across several, a cut back (resize) into a chunk
+    # and appends after it, then appends in a new Block over the reopened file.
+    path, rng = tmp_path / "t.h5", np.random.default_rng(1)
+    expected = np.zeros(0, "i8")
+
+    def append(block, count):
+        nonlocal expected
+        rows = rng.integers(0, 1000, count)
+        block.append(len(expected), rows)
+        expected = np.concatenate([expected, rows])
+
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset(
+            "t", (0,), "i8", maxshape=(None,), chunks=(4,), compression=compression
+        )
+        block = Block(ds)
+        for count in (1, 2, 0, 5, 4, 11):
+            append(block, count)
+        block.resize(10, axis=0)  # resume drops uncommitted rows: mid-chunk
+        expected = expected[:10]
+        append(block, 3)
+    with h5py.File(path, "r+") as f:
+        np.testing.assert_array_equal(f["t"][()], expected)
+        block = Block(f["t"])  # a new writer: the partial chunk is read back first
+        append(block, 6)
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(f["t"][()], expected)
+
+
 def test_root_attrs_overwrite_numbers_in_place_and_replace_the_rest(tmp_path):
     meta = {"frames": 1, "lane_steps": [1, 2], "spaces": {"a": 1}, "end_time": None}
     with h5py.File(tmp_path / "a.h5", "w") as f:
