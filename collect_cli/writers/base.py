@@ -100,19 +100,32 @@ def exchange(a: Path, b: Path) -> None:
     Where the kernel or filesystem lacks it, falls back to two renames (a crash
     between them leaves the dataset under ``<path>.resize``).
     """
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is not None:
-        at_fdcwd, rename_exchange = -100, 2
-        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-            raise OSError(err, os.strerror(err), str(b))
+    if swap(a, b):
+        return
     parked = b.with_name(b.name + ".old")
     os.rename(b, parked)
     os.rename(a, b)
     os.rename(parked, a)
+
+
+def swap(a: Path, b: Path) -> bool:
+    """Atomically swap the names ``a`` and ``b`` (``renameat2(RENAME_EXCHANGE)``);
+    False where the kernel or filesystem lacks it (nothing was done)."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        raise OSError(err, os.strerror(err), str(b))
+    return False
+
+
+@functools.cache
+def _renameat2() -> Any:
+    return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
 
 
 def start_write_back(fd: int) -> None:

@@ -30,7 +30,7 @@ import torch
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, Rows
 from collect_cli.errors import OutputError
-from collect_cli.writers.base import Writer, exchange, start_write_back
+from collect_cli.writers.base import Writer, exchange, start_write_back, swap
 
 META_FILE = "rlcollect.json"
 RELEASE_BYTES = 32 << 20  # written bytes between two page releases (see _release_pages)
@@ -47,16 +47,31 @@ def _numpy_dtype(name: str) -> np.dtype:
     return torch.empty(0, dtype=getattr(torch, name.split(".")[-1])).numpy().dtype
 
 
+def spare(path: Path) -> Path:
+    """Where :func:`write_json` writes ``path``'s next content."""
+    return path.with_name(path.name + ".tmp")
+
+
 # durability D5 (docs/durability.md)
 def write_json(path: Path, data: dict[str, Any], sync: bool = False) -> None:
-    """Atomically replace ``path`` with ``data`` (write, optionally fsync, rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data))  # one line, by json's C encoder: 3-4x faster per commit
+    """Atomically replace ``path`` with ``data``: written beside it as ``<name>.tmp``,
+    then swapped in. Commits (``sync`` False) overwrite that spare in place and
+    exchange the two names, keeping the old content as the next spare: on ext4 a
+    rename over a file flushes the new one's data first (~0.5 ms, twice a commit),
+    which an exchange does not. With ``sync`` the file is fsynced and renamed, and
+    no spare is left."""
+    tmp = spare(path)
+    text = json.dumps(data).encode()  # one line, by json's C encoder: 3-4x faster per commit
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o644)  # no O_TRUNC: ext4 flushes after it too
+    try:
+        os.pwrite(fd, text, 0)
+        os.ftruncate(fd, len(text))
         if sync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if sync or not path.exists() or not swap(tmp, path):
+        os.replace(tmp, path)
 
 
 # durability D9 (docs/durability.md)
@@ -412,6 +427,8 @@ class MemmapWriter(Writer):
             f.flush()
             os.fsync(f.fileno())
         write_json(self.path / META_FILE, self.meta, sync=True)
+        for meta in self.path.rglob("meta.json"):  # the commits' spares go
+            spare(meta).unlink(missing_ok=True)
 
     def close(self, status: str = "complete") -> None:
         if (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.writers import make_writer
-from collect_cli.writers.memmap import build_frame_file
+from collect_cli.writers.memmap import build_frame_file, spare, write_json
 
 
 def test_build_frame_file_fills_then_copies_each_lane(tmp_path):
@@ -78,5 +79,18 @@ def test_episodes_meta_is_rewritten_only_when_rows_are_added(tmp_path):
             rewritten.append(listing.stat().st_ino != inode)  # replaced: a new inode
             assert TensorDict.load_memmap(path)["episodes"].batch_size == (w.episodes,)
     w.close()
+    assert not list(path.rglob("*.tmp"))  # the commits' spares are gone
     assert rewritten[1:] == [False, False, True] + [False, False, False, True] * 2
     assert TensorDict.load_memmap(path)["episodes", "length"].tolist() == [200] * 6
+
+
+def test_commits_swap_the_json_in_and_keep_the_old_one_as_the_spare(tmp_path):
+    path = tmp_path / "m.json"
+    contents = [{"a": 1}, {"a": 333333, "b": [1, 2]}, {"a": 4}]  # longer, then shorter
+    for before, after in zip([None, *contents], contents, strict=False):
+        write_json(path, after)
+        assert json.loads(path.read_text()) == after
+        if before is not None:  # exchanged: the previous content is the next spare
+            assert json.loads(spare(path).read_text()) == before
+    write_json(path, {"c": 5}, sync=True)
+    assert json.loads(path.read_text()) == {"c": 5} and not spare(path).exists()
