@@ -17,6 +17,21 @@ from collect_cli.dataformat import COLUMNS, Rows, concat_rows
 
 Frames = TensorDictBase | Mapping[fmt.Key, np.ndarray]  # a batch, or its leaves by key tuple
 
+# the frame keys EpisodeTracker.update reads: whole-array numpy work, fastest on
+# C-contiguous [lanes, time] arrays (writers.base.leaf_items makes these so)
+TRACKED_KEYS = frozenset(
+    {
+        fmt.MASK_KEY,
+        fmt.TRAJ_KEY,
+        fmt.REWARD_KEY,
+        fmt.ORIGINAL_REWARD_KEY,
+        fmt.DONE_KEY,
+        fmt.TERMINATED_KEY,
+        fmt.TRUNCATED_KEY,
+        fmt.STEPS_TO_NEXT_KEY,
+    }
+)
+
 
 def frame_flags(batch: Frames, mask: np.ndarray) -> tuple[np.ndarray, ...]:
     """``(reward, done, terminated, truncated)`` of each frame's own step, ``[lanes, time]``

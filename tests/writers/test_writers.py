@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from collect_cli.collectors import SyncCollector
-from collect_cli.dataformat import FORMAT_VERSION
+from collect_cli.dataformat import FORMAT_VERSION, MASK_KEY
 from collect_cli.envs import env_factory
 from collect_cli.errors import OutputError
 from collect_cli.writers import check_output, make_writer, open_dataset
@@ -249,3 +249,25 @@ def test_lane_major_copies_time_major_buffers_exactly(shape, dtype):
     np.testing.assert_array_equal(got, view.numpy())
     assert not np.shares_memory(got, buffer.numpy())
     assert np.shares_memory(lane_major(buffer), buffer.numpy())  # contiguous: no copy
+
+
+def test_leaf_items_give_every_leaf_lane_major_and_the_tracked_ones_contiguous():
+    from collect_cli.writers.base import leaf_items
+    from collect_cli.writers.episodes import TRACKED_KEYS
+
+    with SyncCollector(
+        env_factory("Pendulum-v1", 3), frames_per_batch=30, return_same_td=True
+    ) as collector:
+        batch = collector.rollout()  # a [lanes, time] view of the time-major buffer
+    items = leaf_items(batch)
+    assert items[-1][0] == MASK_KEY  # the mask last (durability D5)
+    assert {key for key, _ in items} == {
+        k if isinstance(k, tuple) else (k,) for k in batch.keys(True, True)
+    }
+    for key, array in items:
+        np.testing.assert_array_equal(array, batch.get(key).numpy())
+        assert array.shape[:2] == (3, 10)
+        if key in TRACKED_KEYS:
+            assert array.flags["C_CONTIGUOUS"], key
+        else:  # a view: the backends copy it piece by piece
+            assert np.shares_memory(array, batch.get(key).numpy()), key
