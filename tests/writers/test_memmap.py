@@ -94,3 +94,19 @@ def test_commits_swap_the_json_in_and_keep_the_old_one_as_the_spare(tmp_path):
             assert json.loads(spare(path).read_text()) == before
     write_json(path, {"c": 5}, sync=True)
     assert json.loads(path.read_text()) == {"c": 5} and not spare(path).exists()
+
+
+def test_write_back_covers_only_files_written_in_long_runs_per_lane(tmp_path, monkeypatch):
+    # a lane's last page is written again by the next batch: files written in short
+    # runs per lane are left to close's fsync (writing a page under I/O waits for it)
+    from collect_cli.writers import memmap
+
+    w = make_writer("memmap", tmp_path / "d", metadata={}, planned_steps=200).open()
+    with SyncCollector(env_factory("Pendulum-v1", 2), frames_per_batch=100, total_frames=100) as c:
+        batch = next(iter(c))  # 50 steps a lane: observations 600 bytes, rewards 200
+    w.append(batch)
+    w.commit()
+    assert w.written_back() == []
+    monkeypatch.setattr(memmap, "WRITE_BACK_RUN", 500)
+    assert sorted(w.written_back()) == [("next", "observation"), ("observation",)]
+    w.close()
