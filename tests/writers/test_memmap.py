@@ -110,3 +110,14 @@ def test_write_back_covers_only_files_written_in_long_runs_per_lane(tmp_path, mo
     monkeypatch.setattr(memmap, "WRITE_BACK_RUN", 500)
     assert sorted(w.written_back()) == [("next", "observation"), ("observation",)]
     w.close()
+
+
+def test_without_an_exchange_commits_rename_the_json_in(tmp_path, monkeypatch):
+    # filesystems without renameat2(RENAME_EXCHANGE): the spare is renamed over
+    from collect_cli.writers import memmap
+
+    monkeypatch.setattr(memmap, "swap", lambda a, b: False)
+    path = tmp_path / "m.json"
+    for content in ({"a": 333333}, {"a": 1}):
+        write_json(path, content)
+        assert json.loads(path.read_text()) == content and not spare(path).exists()
