@@ -24,7 +24,7 @@ from collect_cli import dataformat as fmt
 from collect_cli.config import Settings
 from collect_cli.errors import ConfigError, DeviceError
 from collect_cli.rollout import RolloutOptions
-from collect_cli.stream import Stream, WriteBehind
+from collect_cli.stream import DEPTH, Stream, WriteBehind
 
 log = logging.getLogger("rlcollect")
 
@@ -151,14 +151,17 @@ def build_collector(
         "traj_id_start": traj_id_start,
         "options": settings.rollout if rollout is None else rollout,
     }
-    if coll.name == "sync":  # two buffers in turn: the run writes one while filling the other
+    # Batches are lent from the collectors' buffers, not copied: the writer holds
+    # at most DEPTH of them, and a buffer is refilled only DEPTH batches later.
+    if coll.name == "sync":  # the run writes one buffer while filling the other
         return collectors.SyncCollector(
-            make_env, policy, return_same_td=True, batch_buffers=2, **common
+            make_env, policy, return_same_td=True, batch_buffers=DEPTH, **common
         )
     # Workers get their next batch queued ahead (prefetch=2): none waits for this
     # process, whose writer thread shares the CPU with them. Preemption's stop
     # signal must reach only the batch being gathered, so it asks one at a time.
     common["start_method"] = None if coll.start_method == "auto" else coll.start_method
+    common["hold"] = DEPTH
     if coll.name == "multisync":
         return collectors.MultiSyncCollector(
             make_env,

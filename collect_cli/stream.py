@@ -15,6 +15,10 @@ from typing import Any
 
 from collect_cli.config import Settings
 
+# Batches a WriteBehind has in flight at most: the collector it is fed from lends
+# batches out of buffers it reuses only after this many more (see run.py).
+DEPTH = 2
+
 
 class Stream:
     """collector batches -> (multistep) -> (episode rows) -> writer, one way.
@@ -89,7 +93,7 @@ class WriteBehind:
         self,
         stream: Stream,
         on_commit: Callable[[list[float]], None],
-        depth: int = 2,
+        depth: int = DEPTH,
         background: bool = True,
     ) -> None:
         self.stream = stream

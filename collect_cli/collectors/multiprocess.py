@@ -30,7 +30,7 @@ from tensordict import TensorDictBase
 from collect_cli import dataformat as fmt
 from collect_cli import errors, specs
 from collect_cli.collectors.base import CollectorBase, derive_seeds
-from collect_cli.collectors.worker import WorkerSpec, worker_main
+from collect_cli.collectors.worker import SharedStores, WorkerSpec, worker_main
 from collect_cli.envs import EnvFactory
 from collect_cli.errors import CollectionError
 from collect_cli.rollout import RolloutOptions
@@ -92,6 +92,7 @@ class _MultiCollector(CollectorBase):
         start_method: str | None = None,
         worker_threads: int = 1,
         prefetch: int = 1,
+        hold: int = 0,
         traj_id_start: int = 0,
         options: RolloutOptions | None = None,
         device_path: bool | None = None,
@@ -106,11 +107,21 @@ class _MultiCollector(CollectorBase):
         process (whose writer thread competes for the CPU), and a slower
         worker's lag is absorbed over two batches. Weights sent by
         :meth:`update_policy_weights_` then reach the batch after the ones
-        already asked for."""
+        already asked for.
+
+        ``hold``: 0 (default), each yielded batch is a copy of its own. With
+        ``hold=n`` it is lent straight from the shared buffers the workers fill,
+        with no copy, and stays valid while the consumer holds at most ``n``
+        batches: it must be done with batch k before it asks for batch k + n.
+        The buffers are used in turn, ``prefetch + hold`` of them per worker."""
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if hold < 0:
+            raise ValueError(f"hold must be >= 0, got {hold}")
         self._closed = True
         self.prefetch = int(prefetch)
+        self.hold = int(hold)
+        self._slots = self.prefetch + self.hold  # a batch's buffer is reused `_slots` batches on
         factories = (
             list(create_env_fn)
             if isinstance(create_env_fn, Sequence)
@@ -154,7 +165,7 @@ class _MultiCollector(CollectorBase):
                     seed=worker_seeds[index],
                     num_threads=worker_threads,
                     options=self.options.share(self.num_workers),
-                    batch_buffers=self.prefetch,
+                    batch_buffers=self._worker_buffers(),
                     device_path=device_path,
                 )
                 parent, child = ctx.Pipe()
@@ -176,16 +187,24 @@ class _MultiCollector(CollectorBase):
             self.observation_space = specs.rebuild(spaces[0])
             self.action_space = specs.rebuild(spaces[1])
             self.max_episode_steps = max_steps
+            widths = [b[0].batch_size[0] for b in self._buffers]
+            self.lane_starts = [sum(widths[:i]) for i in range(self.num_workers)]
+            self.lanes = sum(widths)
+            self.steps_per_batch = self._buffers[0][0].batch_size[1]
+            self._share()
         except BaseException:
             self.shutdown()
             raise
-        widths = [b[0].batch_size[0] for b in self._buffers]
-        self.lane_starts = [sum(widths[:i]) for i in range(self.num_workers)]
-        self.lanes = sum(widths)
-        self.steps_per_batch = self._buffers[0][0].batch_size[1]
 
     def _worker_frames(self) -> int:
         return self.requested_frames_per_batch
+
+    def _worker_buffers(self) -> int:
+        """Batch buffers each worker allocates for itself."""
+        return self._slots
+
+    def _share(self) -> None:
+        """Set up the buffers batches are handed over from, once the workers are ready."""
 
     def _preempts(self) -> bool:
         """Whether workers may be told to stop a batch early (``_stop_event``)."""
@@ -258,11 +277,17 @@ class _MultiCollector(CollectorBase):
                 return index
 
     def _hand_over(self, index: int) -> TensorDictBase:
-        """Worker ``index``'s oldest unused batch (its buffer is free again after this
-        call returns: copy what must outlive it)."""
-        buffer = self._buffers[index][self._used[index] % self.prefetch]
+        """Worker ``index``'s oldest unused batch, in its buffer (reused ``_slots``
+        batches of this worker later)."""
+        buffer = self._buffers[index][self._used[index] % self._slots]
         self._used[index] += 1
         return buffer
+
+    def _lend(self, batch: TensorDictBase) -> TensorDictBase:
+        """What is yielded for a batch in a shared buffer: itself or a copy (``hold``)."""
+        if self.hold == 0:
+            batch = batch.apply(lambda x: x.clone(memory_format=torch.contiguous_format))
+        return self._out(batch)
 
     def _drain(self) -> None:
         """Wait for batches still being collected (before control commands).
@@ -326,6 +351,7 @@ class _MultiCollector(CollectorBase):
         for conn in self._conns:
             conn.close()
         self._buffers = []
+        self._batches: list[TensorDictBase] = []
 
     def _out(self, batch: TensorDictBase) -> TensorDictBase:
         if self.storing_device.type != "cpu":
@@ -359,6 +385,27 @@ class MultiSyncCollector(_MultiCollector):
     def _worker_frames(self) -> int:
         return math.ceil(self.requested_frames_per_batch / self.num_workers)
 
+    def _worker_buffers(self) -> int:
+        return 1  # the workers fill their lanes of the buffers `_share` makes
+
+    def _share(self) -> None:
+        """One time-major buffer per turn over all lanes; each worker fills its own
+        lanes of it, so a batch is handed over whole, without a concatenation."""
+        template = torch.cat([own[0].transpose(0, 1) for own in self._buffers], 1)
+        shared = SharedStores.create(template, self._slots)
+        try:
+            stores = shared.map()
+            ends = [*self.lane_starts[1:], self.lanes]
+            lanes = [slice(a, b) for a, b in zip(self.lane_starts, ends, strict=True)]
+            for index, own in enumerate(lanes):
+                self._send(index, "buffers", (shared, own))
+            for index, own in enumerate(lanes):
+                self._expect(index, "ok")
+                self._buffers[index] = [store[:, own].transpose(0, 1) for store in stores]
+        finally:
+            shared.remove()  # every process that uses it has mapped it
+        self._batches = [store.transpose(0, 1) for store in stores]
+
     def _preempts(self) -> bool:
         return self.preemptive_threshold < 1.0
 
@@ -384,10 +431,13 @@ class MultiSyncCollector(_MultiCollector):
                 if len(done) >= quorum and done != everyone:
                     self._stop_event.set()
             self._stop_event.clear()
-            batch = torch.cat([self._hand_over(index) for index in range(self.num_workers)], 0)
+            batch = self._batches[self._used[0] % self._slots]
+            for index in everyone:
+                self._hand_over(index)
             frames += int(batch.get(fmt.MASK_KEY).sum())
+            batch = self._lend(batch)  # (a copy is taken before the buffer is asked for again)
             ask_ahead()  # the next batches are collected while this one is used
-            yield 0, self._out(batch)
+            yield 0, batch
 
 
 class MultiAsyncCollector(_MultiCollector):
@@ -415,10 +465,11 @@ class MultiAsyncCollector(_MultiCollector):
         while self.total_frames < 0 or frames < self.total_frames:
             ask_ahead()
             index = self._next_batch(everyone)
-            batch = self._hand_over(index).clone()
+            batch = self._hand_over(index)
             frames += int(batch.get(fmt.MASK_KEY).sum())
+            batch = self._lend(batch)
             ask_ahead()
-            yield self.lane_starts[index], self._out(batch)
+            yield self.lane_starts[index], batch
 
 
 class AsyncCollector(MultiAsyncCollector):

@@ -148,13 +148,33 @@ class SyncCollector(DevicePathMixin, CollectorBase):
             if shared_memory:  # before taking views: sharing moves the storage
                 for store in stores:
                     store.share_memory_()
+        self._use(stores)
+
+    def _use(self, stores: list[TensorDict]) -> None:
+        if self._device_buffers is not None:
+            self._device_buffers.hosts = stores
+        else:
             self._all_views = [
                 {(k if isinstance(k, tuple) else (k,)): v.numpy() for k, v in b.items(True, True)}
                 for b in stores
             ]
+        self._row_cache.clear()
         self._buffers = [store.transpose(0, 1) for store in stores]
         self._buffer = self._buffers[0]
         self._views = self._all_views[0] if self._all_views else {}
+
+    def adopt(self, stores: list[TensorDict]) -> None:
+        """Fill ``stores`` in turn from now on, instead of the buffers allocated here:
+        time-major (``[steps, lanes]``) like them, of the same keys, shapes and dtypes
+        (e.g. this collector's lanes of a batch buffer shared by several workers)."""
+        mine = self._buffers[0].transpose(0, 1)
+        for store in stores:
+            if store.batch_size != mine.batch_size or any(
+                (a.shape, a.dtype) != (b.shape, b.dtype)
+                for a, b in zip(store.values(True, True), mine.values(True, True), strict=True)
+            ):
+                raise ValueError("adopted buffers must match the collector's own")
+        self._use(stores)
 
     # -- set-up -----------------------------------------------------------------------
     def _policy_input(self, obs: list[np.ndarray]) -> TensorDict:

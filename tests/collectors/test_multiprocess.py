@@ -230,6 +230,49 @@ def test_prefetch_yields_the_same_batches(prefetch):
     assert (torch.cat(one, 1) == torch.cat(ahead, 1)).all()
 
 
+@pytest.mark.parametrize("cls", [MultiSyncCollector, MultiAsyncCollector])
+def test_lent_batches_stay_intact_while_held_and_equal_the_copies(cls):
+    def make(hold, frames):
+        return cls(
+            env_factory("CartPole-v1", 2),
+            num_workers=2,
+            frames_per_batch=40,
+            total_frames=frames,
+            seed=3,
+            prefetch=2,
+            hold=hold,
+        )
+
+    # per lane start (a worker's, or 0): its batches in turn (MultiAsync: how many
+    # each worker gives depends on timing, so the reference runs twice as long)
+    copies: dict[int, list] = {}
+    for lane, batch in gather(make(0, 960)):
+        copies.setdefault(lane, []).append(batch)
+    held: list = []  # the last `hold` batches, as lent: not copied
+    storage: dict[int, list[int]] = {}  # per lane start: each batch's buffer
+    frames = 0
+    with make(2, 480) as lent:
+        for lane, batch in lent.iter_with_lanes():
+            storage.setdefault(lane, []).append(batch["observation"].data_ptr())
+            held = [*held[-1:], (copies[lane][len(storage[lane]) - 1], batch)]
+            for copy, old in held:  # the one before is still as it was yielded
+                assert (old == copy).all()
+            frames += batch.numel()
+    assert frames == 480
+    # a buffer comes back only prefetch + hold = 4 batches (of its worker) later
+    for ptrs in storage.values():
+        assert len(set(ptrs[:4])) == min(4, len(ptrs)) and ptrs[4:] == ptrs[: len(ptrs) - 4]
+    if cls is MultiSyncCollector:  # lent straight from the shared buffers: no copy
+        assert not batch["observation"].is_contiguous()
+
+
+def test_hold_must_not_be_negative():
+    with pytest.raises(ValueError, match="hold must be >= 0"):
+        MultiSyncCollector(
+            env_factory("CartPole-v1", 1), num_workers=2, frames_per_batch=10, hold=-1
+        )
+
+
 def test_multiasync_prefetch_counts_frames_exactly():
     c = MultiAsyncCollector(
         env_factory("CartPole-v1", 2),

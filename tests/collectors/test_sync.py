@@ -117,6 +117,24 @@ def test_batch_buffers_rotate_and_keep_each_batch_until_reused(lanes):
     assert ptrs[0] == ptrs[2] == ptrs[4] and ptrs[1] == ptrs[3] and ptrs[0] != ptrs[1]
 
 
+def test_adopted_buffers_are_filled_in_turn_and_must_match():
+    """A worker fills its lanes of buffers the main process shares (``adopt``)."""
+    reference = collect(lanes=2, frames_per_batch=20, total_frames=60, seed=4)
+    with SyncCollector(
+        env_factory("CartPole-v1", 2), frames_per_batch=20, seed=4, return_same_td=True
+    ) as c:
+        mine = c._buffers[0].transpose(0, 1)  # time-major, [steps, lanes]
+        wide = [torch.cat([mine, mine], 1).zero_() for _ in range(2)]  # 4 lanes
+        with pytest.raises(ValueError, match="must match"):
+            c.adopt([w[:, :3] for w in wide])
+        c.adopt([w[:, 2:] for w in wide])
+        for k in range(3):
+            batch = c.rollout()
+            assert (batch == reference[k]).all()
+            assert (wide[k % 2][:, 2:].transpose(0, 1) == reference[k]).all()
+            assert not wide[k % 2][:, :2].any()  # the other lanes are not touched
+
+
 def test_iterable_dataset_next_and_endless():
     c = SyncCollector(env_factory("Pendulum-v1", 2), frames_per_batch=20, total_frames=-1)
     assert isinstance(c, IterableDataset)
