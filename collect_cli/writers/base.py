@@ -247,16 +247,37 @@ def leaf_items(batch: TensorDictBase) -> list[tuple[tuple[str, ...], np.ndarray]
 
 
 def lane_major(value: torch.Tensor) -> np.ndarray:
-    """``value`` as a C-contiguous array. The collectors' buffers are time-major, so a
-    batch's leaves are transposed views. Torch copies them 1.5-3x faster than numpy
-    where a frame is small (under 16 KiB) and the leaf is not (32 KiB and more); numpy
-    is faster for tiny leaves and for larger frames (measured: 3x on Pong's)."""
-    if value.is_contiguous():
-        return value.numpy()
-    size = value.element_size()
-    if math.prod(value.shape[2:]) * size < 16 << 10 and value.numel() * size >= 32 << 10:
-        return value.clone(memory_format=torch.contiguous_format).numpy()
-    return np.ascontiguousarray(value.numpy())
+    """``value`` (``[lanes, time, ...]``) as a C-contiguous array (see :func:`contiguous`)."""
+    return contiguous(value.numpy())
+
+
+def _by_torch(array: np.ndarray) -> bool:
+    """Whether torch copies ``array`` (``[lanes, time, ...]`` or a piece of it, not
+    contiguous) faster than numpy. The collectors' buffers are time-major, so a
+    batch's leaves are transposed views. Torch copies them 1.5-3x faster where a
+    frame is small (under 16 KiB) and the array is not (32 KiB and more); numpy is
+    faster for tiny arrays and for larger frames (measured: 3x on Pong's)."""
+    if array.dtype.kind not in "biuf" or array.ndim < 2:
+        return False
+    size = array.itemsize
+    return math.prod(array.shape[2:]) * size < 16 << 10 and array.size * size >= 32 << 10
+
+
+def contiguous(array: np.ndarray) -> np.ndarray:
+    """``array`` C-contiguous, copied if it is not."""
+    if array.flags.c_contiguous:
+        return array
+    if _by_torch(array):
+        return torch.from_numpy(array).clone(memory_format=torch.contiguous_format).numpy()
+    return np.ascontiguousarray(array)
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src``, for arrays of the same shape and dtype."""
+    if not src.flags.c_contiguous and _by_torch(src):
+        torch.from_numpy(dst).copy_(torch.from_numpy(src))
+    else:
+        dst[...] = src
 
 
 class Writer(abc.ABC):

@@ -24,7 +24,7 @@ import numpy as np
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, Rows
 from collect_cli.errors import ConfigError, OutputError, WriteError
-from collect_cli.writers.base import Writer, start_write_back
+from collect_cli.writers.base import Writer, contiguous, start_write_back
 
 JSON_ATTRS = (
     "observation_space",
@@ -236,13 +236,13 @@ class Block:
         lead, chunk = len(start), self._chunk
         tail = (0,) * (array.ndim - lead)  # chunks span the feature dimensions whole
         if array.shape[:lead] == chunk[:lead]:
-            self._id.write_direct_chunk(start + tail, np.ascontiguousarray(array))
+            self._id.write_direct_chunk(start + tail, contiguous(array))
             return
         grid = [range(0, n, c) for n, c in zip(array.shape[:lead], chunk, strict=False)]
         for offsets in itertools.product(*grid):
             piece = array[tuple(slice(o, o + c) for o, c in zip(offsets, chunk, strict=False))]
             at = tuple(s + o for s, o in zip(start, offsets, strict=True))
-            self._id.write_direct_chunk(at + tail, np.ascontiguousarray(piece))
+            self._id.write_direct_chunk(at + tail, contiguous(piece))
 
 
 class RootAttrs:

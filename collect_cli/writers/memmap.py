@@ -30,7 +30,7 @@ import torch
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, Rows
 from collect_cli.errors import OutputError
-from collect_cli.writers.base import Writer, exchange, start_write_back, swap
+from collect_cli.writers.base import Writer, copy_into, exchange, start_write_back, swap
 
 META_FILE = "rlcollect.json"
 RELEASE_BYTES = 32 << 20  # written bytes between two page releases (see _release_pages)
@@ -350,7 +350,7 @@ class MemmapWriter(Writer):
         if t0 + steps > self.capacity:
             self._resize(max(2 * self.capacity, t0 + steps))
         for key, array in items:
-            self._maps[key][lanes, t0 : t0 + steps] = array
+            copy_into(self._maps[key][lanes, t0 : t0 + steps], array)
             self._lane_bytes[key] = array[0].nbytes if len(array) else 0
         self._batch_bytes = sum(array.nbytes for _, array in items)
         self._unreleased += self._batch_bytes

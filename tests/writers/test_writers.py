@@ -238,8 +238,10 @@ def test_write_back_starts_writing_committed_frames_and_keeps_the_dataset(
 )
 def test_lane_major_copies_time_major_buffers_exactly(shape, dtype):
     """The writers' leaves are C-contiguous [lanes, time] copies of the collectors'
-    time-major buffers, whichever library copies them."""
-    from collect_cli.writers.base import lane_major
+    time-major buffers, whichever library copies them: whole (``lane_major``), a
+    chunk's lanes at a time (HDF5: ``contiguous``) or into a file's map (memmap:
+    ``copy_into``)."""
+    from collect_cli.writers.base import contiguous, copy_into, lane_major
 
     g = torch.Generator().manual_seed(0)
     buffer = (torch.rand(shape, generator=g) * 200).to(dtype)  # [time, lanes, ...]
@@ -249,6 +251,23 @@ def test_lane_major_copies_time_major_buffers_exactly(shape, dtype):
     np.testing.assert_array_equal(got, view.numpy())
     assert not np.shares_memory(got, buffer.numpy())
     assert np.shares_memory(lane_major(buffer), buffer.numpy())  # contiguous: no copy
+    half = view.numpy()[: len(view) // 2]
+    piece = contiguous(half)
+    assert piece.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(piece, half)
+    into = np.zeros((len(view) + 2, *view.shape[1:]), view.numpy().dtype)
+    copy_into(into[1:-1], view.numpy())
+    np.testing.assert_array_equal(into[1:-1], view.numpy())
+    assert not into[0].any() and not into[-1].any()
+
+
+def test_contiguous_copies_text_with_numpy():
+    from collect_cli.writers.base import contiguous
+
+    text = np.array([[b"ab", b"c"], [b"", b"def"]] * 8192, "S3").T  # 96 KiB, not contiguous
+    got = contiguous(text)
+    assert got.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(got, text)
 
 
 def test_leaf_items_give_every_leaf_lane_major_and_the_tracked_ones_contiguous():
