@@ -233,6 +233,8 @@ def test_write_back_starts_writing_committed_frames_and_keeps_the_dataset(
         ((125, 8), torch.int64),  # tiny: numpy's copy
         ((100, 1024, 3), torch.float32),  # small frames, a large leaf: torch's copy
         ((100, 256, 1), torch.bool),
+        ((100, 1024, 1), torch.bool),  # torch's copy, as a 2-d transpose
+        ((100, 1024, 1, 1), torch.float32),
         ((4, 3, 96, 96, 3), torch.uint8),  # frames of 27 KiB: numpy's copy
     ],
 )
