@@ -144,6 +144,7 @@ class _MultiCollector(CollectorBase):
         polled = self._stop_event if self._preempts() else None
         self._procs: list[Any] = []
         self._conns: list[Any] = []
+        self._batches: list[TensorDictBase] = []  # whole batches' buffers, where shared
         # per worker: batches asked for, received, and handed over (copied out)
         self._asked = [0] * self.num_workers
         self._got = [0] * self.num_workers
@@ -351,7 +352,7 @@ class _MultiCollector(CollectorBase):
         for conn in self._conns:
             conn.close()
         self._buffers = []
-        self._batches: list[TensorDictBase] = []
+        self._batches = []
 
     def _out(self, batch: TensorDictBase) -> TensorDictBase:
         if self.storing_device.type != "cpu":
