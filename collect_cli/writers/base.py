@@ -257,7 +257,8 @@ def _by_torch(array: np.ndarray) -> bool:
     batch's leaves are transposed views. Torch copies them 1.5-3x faster where a
     frame is small (under 16 KiB) and the array is not (32 KiB and more); numpy is
     faster for tiny arrays and for larger frames (measured: 3x on Pong's)."""
-    if array.dtype.kind not in "biuf" or array.ndim < 2:
+    # torch's wider unsigned ints have few kernels (copy_ may lack them)
+    if not (array.dtype.kind in "bif" or array.dtype == np.uint8) or array.ndim < 2:
         return False
     size = array.itemsize
     return math.prod(array.shape[2:]) * size < 16 << 10 and array.size * size >= 32 << 10

@@ -236,6 +236,7 @@ def test_write_back_starts_writing_committed_frames_and_keeps_the_dataset(
         ((100, 1024, 1), torch.bool),  # torch's copy, as a 2-d transpose
         ((100, 1024, 1, 1), torch.float32),
         ((4, 3, 96, 96, 3), torch.uint8),  # frames of 27 KiB: numpy's copy
+        ((100, 1024, 2), torch.uint32),  # numpy's copy (torch has few uint32 kernels)
     ],
 )
 def test_lane_major_copies_time_major_buffers_exactly(shape, dtype):
