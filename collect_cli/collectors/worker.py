@@ -48,7 +48,6 @@ class SharedStores:
     """
 
     path: str
-    size: int
     batch_size: tuple[int, ...]
     leaves: tuple[tuple[tuple[str, ...], Any, tuple[int, ...], int], ...]  # key, dtype, shape, at
     count: int
@@ -65,15 +64,15 @@ class SharedStores:
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         fd, path = tempfile.mkstemp(prefix="rlcollect-batches-", dir=shm)
         os.close(fd)
-        size = max(ALIGN, offset) * count
-        return cls(path, size, tuple(template.batch_size), tuple(leaves), count, max(ALIGN, offset))
+        return cls(path, tuple(template.batch_size), tuple(leaves), count, max(ALIGN, offset))
 
     def map(self) -> list:
         """The buffers, as TensorDicts over this process's mapping of the file."""
         import torch
         from tensordict import TensorDict
 
-        data = torch.from_file(self.path, shared=True, size=self.size, dtype=torch.uint8)
+        size = self.stride * self.count
+        data = torch.from_file(self.path, shared=True, size=size, dtype=torch.uint8)
         stores = []
         for k in range(self.count):
             at = k * self.stride
