@@ -211,7 +211,7 @@ def own_step(get: Getter, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarra
     reward = get(ORIGINAL_REWARD_KEY)
     if reward is None:
         reward = get(REWARD_KEY)
-    done = np.asarray(get(DONE_KEY)).reshape(shape).astype(bool)
+    done = np.asarray(get(DONE_KEY)).reshape(shape).astype(bool, copy=False)
     steps_to = get(STEPS_TO_NEXT_KEY)
     if steps_to is not None:
         done = done & (np.asarray(steps_to).reshape(shape) == 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+import torch
 from tensordict import TensorDictBase
 
 from collect_cli import dataformat as fmt
@@ -49,6 +50,12 @@ def frame_flags(batch: Frames, mask: np.ndarray) -> tuple[np.ndarray, ...]:
         get(fmt.TERMINATED_KEY).reshape(shape),
         get(fmt.TRUNCATED_KEY).reshape(shape),
     )
+
+
+def _running_sum(x: np.ndarray) -> np.ndarray:
+    """``np.cumsum(x, axis=1)`` of a float64 ``[lanes, time]`` array: the same sums, each
+    added in turn along time; torch's scan is ~5x faster than numpy's on such rows."""
+    return torch.cumsum(torch.from_numpy(np.ascontiguousarray(x)), 1).numpy()
 
 
 class EpisodeTracker:
@@ -118,12 +125,12 @@ class EpisodeTracker:
         carry_len[cross], carry_ret[cross] = 0, 0.0
         carry_start[cross] = t0 + first_valid[cross]
 
-        cum_ret = np.cumsum(reward if full else np.where(mask, reward, 0.0), axis=1)
+        cum_ret = _running_sum(reward if full else np.where(mask, reward, 0.0))
         if full:
             cum_len = np.broadcast_to(np.arange(1, steps + 1), (nlanes, steps))
         else:
             cum_len = np.cumsum(mask, axis=1)
-        lanes, ts = np.nonzero(ends)  # lane-major: sorted by lane, then time
+        lanes, ts = np.divmod(np.flatnonzero(ends), steps)  # sorted by lane, then time
         first = np.ones(len(lanes), bool)
         first[1:] = lanes[1:] != lanes[:-1]
         prev = np.arange(len(lanes)) - 1
