@@ -11,6 +11,9 @@ Rows, each the same env, lanes and policy:
   gymnasium the same CLI job with env.backend=gymnasium (one batch), for the ratio
   headline  wall time of ``rlcollect run env=Pendulum env.backend=native total_frames=1e6
             device=DEVICE`` (process start to exit)
+  disk      (with env and written) what the disk takes: the written dataset's bytes a
+            frame, and as many bytes written to a file in 16 MiB blocks then fsynced
+            (no rlcollect), in MB/s: the rate that ``written`` at 0.7x or 1x env needs
 
     python benchmarks/native.py                                  # the issue's CPU job
     python benchmarks/native.py --rows cli --profile             # cProfile the run in-process
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime as dt
 import json
 import os
 import pstats
@@ -40,13 +42,13 @@ from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.policies import PolicyFactory
 from collect_cli.run import run
+from collect_cli.writers import open_dataset
 
 sys.path.insert(0, str(Path(__file__).parent))
 import contenders
 import record
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
-ROWS = ("env", "written", "collector", "cli", "gymnasium", "headline")
+ROWS = ("env", "written", "collector", "cli", "gymnasium", "headline", "disk")
 PRESETS = {
     "Pendulum": "Pendulum-v1",
     "CartPole": "CartPole-v1",
@@ -123,6 +125,29 @@ def collector_only(args, frames: int) -> float:
     finally:
         collector.shutdown()
     return batches * collector.frames_per_batch / seconds
+
+
+def allocated_bytes(path: Path) -> int:
+    """Bytes the file (or the directory's files) take on disk."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_blocks * 512 for p in files)
+
+
+def disk_mb_per_s(directory: Path, nbytes: int) -> float:
+    """The disk's sequential write speed: ``nbytes`` (16 MiB at least) written to a
+    file in 16 MiB blocks of random bytes, then fsync, in MB/s."""
+    block = os.urandom(16 << 20)
+    blocks = max(1, nbytes // len(block))
+    path = directory / "disk-probe"
+    os.sync()
+    start = time.perf_counter()
+    with path.open("wb", buffering=0) as fh:
+        for _ in range(blocks):
+            fh.write(block)
+        os.fsync(fh.fileno())
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return blocks * len(block) / seconds / 1e6
 
 
 def cli_args(args, backend: str, frames: int, out: Path) -> list[str]:
@@ -216,9 +241,9 @@ def main() -> None:
     results: list[tuple[str, float, str]] = []
     loads = [os.getloadavg()[0]]
 
-    def show(name: str, value: float, note: str = "") -> None:
+    def show(name: str, value: float, note: str = "", unit: str = "frames/s") -> None:
         results.append((name, value, note))
-        print(f"{name:44s} {value:14,.0f} frames/s  {note}", flush=True)
+        print(f"{name:44s} {value:14,.0f} {unit}  {note}", flush=True)
 
     try:
         if "env" in rows and "written" in rows:  # paired rounds, in this process
@@ -236,6 +261,17 @@ def main() -> None:
                 f"{statistics.median(ratios):.2f}x env (median of per-round ratios "
                 f"{', '.join(f'{r:.2f}' for r in ratios)})",
             )
+            if "disk" in rows:
+                size = allocated_bytes(out)
+                per_frame = size / open_dataset(out).meta["frames"]
+                need = [k * statistics.median(envs) * per_frame / 1e6 for k in (0.7, 1.0)]
+                show("dataset bytes a frame (on disk)", per_frame, unit="B")
+                show(
+                    "disk: 16 MiB writes then fsync, MB/s",
+                    disk_mb_per_s(tmp, size),
+                    f"written at 0.7x env needs {need[0]:,.0f} MB/s, at 1x {need[1]:,.0f} MB/s",
+                    unit="MB/s",
+                )
         elif "env" in rows:
             show("native env.step + bare policy (nothing stored)", env_only(args, quick))
         if "collector" in rows:
@@ -280,10 +316,7 @@ def main() -> None:
 
     if args.record and results:
         lines = [
-            f"\n## {dt.date.today().isoformat()} native backend",
-            "",
-            f"Command: `python benchmarks/native.py {' '.join(sys.argv[1:])}`  ",
-            f"Machine: {machine()}  ",
+            *record.header("native backend", machine()),
             f"Job: {job}  ",
             f"Load: 1-minute load average {min(loads):.2f}-{max(loads):.2f}",
             "",
@@ -291,9 +324,7 @@ def main() -> None:
             "|---|---:|---|",
         ]
         lines += [f"| {name} | {value:,.0f} | {note} |" for name, value, note in results]
-        with RESULTS.open("a") as fh:
-            fh.write("\n".join(lines) + "\n")
-        print(f"recorded in {RESULTS}")
+        record.append(lines)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {cpu}, Python {python}, torch {torch.__version__}"
 
 
-def header(title: str = "") -> list[str]:
-    """Heading (date, commit, title), the command that ran and the machine."""
+def header(title: str = "", machine_line: str | None = None) -> list[str]:
+    """Heading (date, commit, title), the command that ran and the machine
+    (``machine_line``, default :func:`machine`)."""
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
@@ -37,7 +38,7 @@ def header(title: str = "") -> list[str]:
     return [
         f"\n## {dt.date.today().isoformat()} ({commit or 'uncommitted'}){suffix}\n",
         f"Command: `python benchmarks/{script} {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-        f"Machine: {machine()}  ",
+        f"Machine: {machine_line or machine()}  ",
     ]
 
 
