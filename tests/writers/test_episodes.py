@@ -74,3 +74,24 @@ def test_padding_is_not_counted():
     rows = tr.update(batch([[0, 1]], [[1, 1]], [[1, 0]]), t0=3)
     assert rows["length"].tolist() == [3] and rows["return"].tolist() == [3.0]
     np.testing.assert_array_equal(tr.finish()["traj_id"], [1])
+
+
+def test_returns_are_summed_in_time_order_bit_for_bit():
+    # rewards of very different sizes: any other order of the additions (pairwise,
+    # blocked, in parallel) gives other float64 sums, and datasets would change
+    rng = np.random.default_rng(0)
+    lanes, steps = 3, 300
+    reward = rng.standard_normal((lanes, steps)) * 10.0 ** rng.integers(-6, 7, (lanes, steps))
+    reward = reward.astype(np.float32)
+    done = np.zeros((lanes, steps), bool)
+    done[:, -1] = True
+    traj = np.repeat(np.arange(lanes)[:, None], steps, 1)
+    rows = EpisodeTracker(lanes).update(batch(traj.tolist(), reward.tolist(), done.tolist()), t0=0)
+    expected = []
+    for lane in range(lanes):
+        total = 0.0
+        for r in reward[lane].tolist():
+            total += r
+        expected.append(total)
+    assert rows["return"].tolist() == expected
+    assert rows["return"].tolist() != reward.astype(np.float64).sum(axis=1).tolist()  # pairwise
