@@ -339,6 +339,26 @@ def _checkpoints(settings: Settings, meta: dict[str, Any]) -> tuple[Any, Any]:
     return ours.get("sha256"), theirs
 
 
+@contextmanager
+def _writer_core(leave: bool) -> Iterator[None]:
+    """With ``leave``, one intra-op thread fewer for torch while inside (the writer
+    thread's copies start inside too, so they take the same). An env stepped in torch
+    on this CPU and the writer thread each keep a core busy; torch's intra-op threads
+    beside them only oversubscribe the cores, and OpenMP's workers spin while they
+    wait for one (measured: ``docs/performance.md``)."""
+    if not leave:
+        yield
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, previous - 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 # durability D12 (docs/durability.md)
 def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -> RunResult:
     flag = StopFlag()
@@ -371,9 +391,10 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
     # codecs and the env's C++ step (ALE) run without the GIL: then it overlaps.
     leaves = specs.leaves(collector.observation_space)
     images = any(fmt.is_image(leaf.shape, leaf.dtype) for leaf in leaves)
-    pipe = WriteBehind(stream, committed, background=images or not collector.busy_in_python)
+    background = images or not collector.busy_in_python
+    pipe = WriteBehind(stream, committed, background=background)
     try:
-        with trap_signals(flag):
+        with _writer_core(collector.torch_on_cpu and background), trap_signals(flag):
             batches = collector.iter_with_lanes()
             while not flag.raised:
                 pipe.reserve()

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from collect_cli import config
 from collect_cli.collectors import SyncCollector
@@ -118,3 +119,40 @@ def test_writer_error_reaches_the_collecting_thread(tmp_path, background):
     writer.close("interrupted")
     meta = assert_consistent(path)
     assert (meta["frames"], meta["status"]) == (PER_BATCH, "interrupted")  # the first batch
+
+
+@pytest.mark.parametrize(("backend", "threads"), [("native", 2), ("gymnasium", 3)])
+def test_a_cpu_torch_env_leaves_the_writer_thread_a_core(tmp_path, backend, threads):
+    # torch envs on this CPU (native) collect with one intra-op thread fewer, so that
+    # the writer thread has a core; gymnasium envs keep them all; both restore them
+    import toypolicies
+
+    from collect_cli.run import run
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    toypolicies.THREADS_SEEN.clear()
+    try:
+        result = run(
+            config.load(
+                config.compose(
+                    [
+                        "env=Pendulum",
+                        f"env.backend={backend}",
+                        "env.num_envs=4",
+                        "policy=python",
+                        "policy.target=toypolicies:threads_seen",
+                        "frames_per_batch=40",
+                        "total_frames=120",
+                        "progress=none",
+                        f"out={tmp_path / 'ds.h5'}",
+                    ]
+                )
+            )
+        )
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    assert result.frames == 120
+    # the first call is the collector's dry run, before the run loop
+    assert set(toypolicies.THREADS_SEEN[1:]) == {threads}

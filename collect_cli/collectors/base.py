@@ -106,6 +106,8 @@ class CollectorBase(IterableDataset, metaclass=abc.ABCMeta):
     # Whether iterating keeps this process's GIL busy (envs stepped in Python here),
     # so that a consumer thread working beside it would only slow it down.
     busy_in_python: bool = False
+    # Whether iterating runs an env's torch ops on this process's CPU (env.backend=native).
+    torch_on_cpu: bool = False
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         return self.iterator()

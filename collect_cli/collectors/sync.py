@@ -100,6 +100,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         self.exploration_type = options.exploration_type
         self.num_envs = self.lanes = self.env.num_envs
         self.busy_in_python = self.env.steps_in_python
+        self.torch_on_cpu = self.env.torch_on_cpu
         self.device = torch.device(device)
         self.storing_device = torch.device(storing_device)
         if isinstance(policy, PolicyFactory):

@@ -39,6 +39,8 @@ class VecEnv(ABC):
     # Whether stepping runs Python bytecode most of the time (holding the GIL), as
     # gymnasium's envs do; C++ (envpool) and torch (native) envs release it.
     steps_in_python: bool = True
+    # Whether stepping runs torch ops on this process's CPU (their intra-op threads).
+    torch_on_cpu: bool = False
     info_keys: tuple[str, ...] = ()
     info_shapes: tuple[tuple[int, ...], ...] = ()  # per info key, known after reset
 

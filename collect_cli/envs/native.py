@@ -156,7 +156,7 @@ class NativeVecEnv(VecEnv):
         self.info_keys = ()
         self.info_shapes = ()
         self._init_leaves()
-        self._cpu = self.device.type == "cpu"
+        self._cpu = self.torch_on_cpu = self.device.type == "cpu"
         self._serial = self._cpu and self.num_envs < SERIAL_LANES
         self._generator = torch.Generator(device=self.device)
         self._state: torch.Tensor | None = None

@@ -52,3 +52,17 @@ def first_action(observation_space, action_space):
         return torch.full((obs.shape[0],), int(action_space.start), dtype=torch.int64)
 
     return act
+
+
+THREADS_SEEN: list[int] = []
+
+
+def threads_seen(observation_space, action_space):
+    """A plain callable: the middle of the Box, recording torch's intra-op threads."""
+    mid = torch.as_tensor((action_space.low + action_space.high) / 2)
+
+    def act(obs):
+        THREADS_SEEN.append(torch.get_num_threads())
+        return mid.expand(obs.shape[0], *mid.shape).clone()
+
+    return act
