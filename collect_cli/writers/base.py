@@ -268,11 +268,9 @@ def contiguous(array: np.ndarray) -> np.ndarray:
     """``array`` C-contiguous, copied if it is not."""
     if array.flags.c_contiguous:
         return array
-    if _by_torch(array):
-        out = np.empty(array.shape, array.dtype)
-        _torch_copy(out, array)
-        return out
-    return np.ascontiguousarray(array)
+    out = np.empty(array.shape, array.dtype)
+    copy_into(out, array)
+    return out
 
 
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
