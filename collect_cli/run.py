@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -25,6 +25,7 @@ from collect_cli.config import Settings
 from collect_cli.errors import ConfigError, DeviceError
 from collect_cli.rollout import RolloutOptions
 from collect_cli.stream import DEPTH, Stream, WriteBehind
+from collect_cli.threads import intra_op_threads
 
 log = logging.getLogger("rlcollect")
 
@@ -339,24 +340,17 @@ def _checkpoints(settings: Settings, meta: dict[str, Any]) -> tuple[Any, Any]:
     return ours.get("sha256"), theirs
 
 
-@contextmanager
-def _writer_core(leave: bool) -> Iterator[None]:
+def _writer_core(leave: bool) -> AbstractContextManager:
     """With ``leave``, one intra-op thread fewer for torch while inside (the writer
     thread's copies start inside too, so they take the same). An env stepped in torch
     on this CPU and the writer thread each keep a core busy; torch's intra-op threads
     beside them only oversubscribe the cores, and OpenMP's workers spin while they
     wait for one (measured: ``docs/performance.md``)."""
     if not leave:
-        yield
-        return
+        return nullcontext()
     import torch
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(max(1, previous - 1))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+    return intra_op_threads(torch.get_num_threads() - 1)
 
 
 # durability D12 (docs/durability.md)

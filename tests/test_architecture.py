@@ -23,6 +23,7 @@ LAYERS = [
             "collect_cli.dataformat",
             "collect_cli.specs",
             "collect_cli.rollout",
+            "collect_cli.threads",
         },
     ),
     ("config", {"collect_cli.config"}),

@@ -14,6 +14,7 @@ from collect_cli import config
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.stream import Stream, WriteBehind
+from collect_cli.threads import SERIAL_ELEMENTS
 from collect_cli.writers import make_writer, open_dataset
 from tests.conftest import out_path
 from tests.helpers import assert_consistent
@@ -121,10 +122,18 @@ def test_writer_error_reaches_the_collecting_thread(tmp_path, background):
     assert (meta["frames"], meta["status"]) == (PER_BATCH, "interrupted")  # the first batch
 
 
-@pytest.mark.parametrize(("backend", "threads"), [("native", 2), ("gymnasium", 3)])
-def test_a_cpu_torch_env_leaves_the_writer_thread_a_core(tmp_path, backend, threads):
-    # torch envs on this CPU (native) collect with one intra-op thread fewer, so that
-    # the writer thread has a core; gymnasium envs keep them all; both restore them
+@pytest.mark.parametrize(
+    ("env", "lanes", "threads"),
+    [
+        # a policy that sees fewer than SERIAL_ELEMENTS numbers a step: one thread
+        (["env=Pendulum"], 4, 1),
+        (["env=Pendulum", "env.backend=native"], 4, 1),
+        # larger steps keep torch's threads, less one for the writer beside a torch env
+        (["env=Acrobot", "env.backend=native"], SERIAL_ELEMENTS // 6 + 8, 2),  # 6 numbers
+        (["env=gym", "env.id=pixelenvs:Pixels-v0"], 4, 3),  # 4 x 64 x 64 x 3 numbers
+    ],
+)
+def test_the_threads_torch_collects_with(tmp_path, env, lanes, threads):
     import toypolicies
 
     from collect_cli.run import run
@@ -137,22 +146,21 @@ def test_a_cpu_torch_env_leaves_the_writer_thread_a_core(tmp_path, backend, thre
             config.load(
                 config.compose(
                     [
-                        "env=Pendulum",
-                        f"env.backend={backend}",
-                        "env.num_envs=4",
+                        *env,
+                        f"env.num_envs={lanes}",
                         "policy=python",
                         "policy.target=toypolicies:threads_seen",
-                        "frames_per_batch=40",
-                        "total_frames=120",
+                        f"frames_per_batch={lanes * 10}",
+                        f"total_frames={lanes * 30}",
                         "progress=none",
                         f"out={tmp_path / 'ds.h5'}",
                     ]
                 )
             )
         )
-        assert torch.get_num_threads() == 3
+        assert torch.get_num_threads() == 3  # restored
     finally:
         torch.set_num_threads(before)
-    assert result.frames == 120
+    assert result.frames == lanes * 30
     # the first call is the collector's dry run, before the run loop
     assert set(toypolicies.THREADS_SEEN[1:]) == {threads}

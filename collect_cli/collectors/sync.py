@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ from collect_cli.errors import ConfigError, PolicyError, RlcollectError
 from collect_cli.exploration import interaction
 from collect_cli.policies import PolicyFactory, RandomPolicy, tensor_policy, torch_dtype
 from collect_cli.rollout import RolloutOptions
+from collect_cli.threads import SERIAL_ELEMENTS, intra_op_threads
 
 
 def _host(x: torch.Tensor) -> np.ndarray:
@@ -102,6 +104,11 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         self.busy_in_python = self.env.steps_in_python
         self.torch_on_cpu = self.env.torch_on_cpu
         self.device = torch.device(device)
+        # a policy on this CPU that sees so few numbers a step runs on one thread
+        step_elements = self.env.num_envs * sum(
+            math.prod(leaf.shape) for leaf in self.env.obs_leaves
+        )
+        self._serial = self.device.type == "cpu" and step_elements < SERIAL_ELEMENTS
         self.storing_device = torch.device(storing_device)
         if isinstance(policy, PolicyFactory):
             policy = policy(self.env.observation_space, self.env.action_space)
@@ -297,7 +304,8 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         if self.reset_at_each_iter and self._batches > 0:
             self.reset()
         self._batches += 1
-        with interaction(self.exploration_type):
+        serial = intra_op_threads(1) if self._serial else nullcontext()
+        with interaction(self.exploration_type), serial:
             if self._device_buffers is not None:
                 self._buffer = self._device_fill(stop)
                 return self._buffer

@@ -21,19 +21,17 @@ The dataset semantics are the gymnasium backend's:
   (no copies), on CUDA copied to the host. :meth:`step_tensors` keeps
   everything on the device: the collector's device path (``collectors.device``)
   steps with it and copies a whole batch to the host at once.
-- Threads. A step is a few dozen elementwise ops on ``lanes`` numbers each; below
-  ``SERIAL_LANES`` lanes a CPU op takes microseconds, less than handing it to
-  torch's intra-op thread pool costs (which parallelises sin/cos from ~1000
-  elements, and on a busy machine waits milliseconds for its threads), so CPU
-  envs that small run their ops with one intra-op thread (the setting is
-  restored after each call).
+- Threads. A step is a few dozen elementwise ops on ``lanes`` numbers each; CPU
+  envs with fewer than ``SERIAL_ELEMENTS`` lanes run them with one intra-op
+  thread (:mod:`collect_cli.threads`; torch parallelises sin/cos from ~1000
+  elements, and on a busy machine waits milliseconds for its threads). The
+  setting is restored after each call.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,9 +40,9 @@ import torch
 from collect_cli.envs.base import StepResult, VecEnv
 from collect_cli.envs.native_dynamics import ENVS, Dynamics
 from collect_cli.errors import CollectionError, DeviceError, UsageError
+from collect_cli.threads import SERIAL_ELEMENTS, intra_op_threads
 
 KIND = {bool: "true or false", int: "an integer", float: "a number"}
-SERIAL_LANES = 32768  # CPU envs with fewer lanes step with one intra-op thread
 
 
 def check_kwargs(cls: type[Dynamics], kwargs: dict[str, Any]) -> tuple[dict[str, Any], int]:
@@ -157,25 +155,16 @@ class NativeVecEnv(VecEnv):
         self.info_shapes = ()
         self._init_leaves()
         self._cpu = self.torch_on_cpu = self.device.type == "cpu"
-        self._serial = self._cpu and self.num_envs < SERIAL_LANES
+        self._serial = self._cpu and self.num_envs < SERIAL_ELEMENTS
         self._generator = torch.Generator(device=self.device)
         self._state: torch.Tensor | None = None
         self._obs: torch.Tensor | None = None
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
 
     # -- helpers ------------------------------------------------------------------------
-    @contextmanager
-    def _threads(self) -> Iterator[None]:
+    def _threads(self) -> AbstractContextManager:
         """One intra-op thread for small CPU envs (see the module's docstring)."""
-        previous = torch.get_num_threads() if self._serial else 1
-        if previous == 1:
-            yield
-            return
-        torch.set_num_threads(1)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(previous)
+        return intra_op_threads(1) if self._serial else nullcontext()
 
     def _host(self, t: torch.Tensor) -> np.ndarray:
         return t.numpy() if self._cpu else t.cpu().numpy()

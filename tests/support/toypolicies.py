@@ -58,8 +58,12 @@ THREADS_SEEN: list[int] = []
 
 
 def threads_seen(observation_space, action_space):
-    """A plain callable: the middle of the Box, recording torch's intra-op threads."""
-    mid = torch.as_tensor((action_space.low + action_space.high) / 2)
+    """A plain callable: the middle of the Box (action 0 if discrete), recording
+    torch's intra-op threads."""
+    if hasattr(action_space, "n"):
+        mid = torch.tensor(0)
+    else:
+        mid = torch.as_tensor((action_space.low + action_space.high) / 2)
 
     def act(obs):
         THREADS_SEEN.append(torch.get_num_threads())
