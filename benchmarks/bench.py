@@ -15,16 +15,21 @@ An extra row, "TensorDict loop", is the bare loop with each observation wrapped
 in a TensorDict and rlcollect's own policy module (the reference of earlier
 records): the difference to the bare loop is the cost of that wrapping alone.
 rlcollect rows are full ``rlcollect run``s in this process (collector, episodes
-table, writer, commits). Appends a dated record to RESULTS.md.
+table, writer, commits). Each row also gives the CPU time a frame took (this
+process and its workers; a run's start-up included). torch runs with one
+intra-op thread unless ``--threads`` says otherwise (0: torch's default, which is
+what a user's ``rlcollect run`` gets). Appends a dated record to RESULTS.md.
 
     python benchmarks/bench.py                       # the default matrix
     python benchmarks/bench.py --envs CartPole --policies mlp --frames 1e5 --repeat 5
+    python benchmarks/bench.py --threads 0 --envs CartPole --policies mlp --collectors sync
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -136,6 +141,15 @@ def rlcollect(
     )
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (a multisync run's workers)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=float, default=2e5)
@@ -172,22 +186,40 @@ def main() -> None:
     parser.add_argument(
         "--envpool-frames", type=float, default=2e6, help="frames of each envpool row"
     )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)"
+    )
     args = parser.parse_args()
     frames = int(args.frames)
-    torch.set_num_threads(1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
 
-    rows = []  # (env, policy, contender, frames/s, median of per-round ratios to the bare loop)
+    rows = []  # (env, policy, contender, frames/s, ratio to the bare loop, CPU us a frame)
     pairs = []  # (env, policy, writer, per-round multisync / sync ratios)
     notes = []
     tmp = Path(tempfile.mkdtemp(prefix="rlcollect-bench-"))
     loads = [os.getloadavg()[0]]
 
+    cpu: dict[str, list[float]] = {}  # contender -> CPU us a frame, per round
+
+    def measured(name: str, count: int, contender, *args) -> float:
+        """``contender(*args)``'s frames/s; its CPU time a frame is kept under ``name``."""
+        before = cpu_seconds()
+        fps = contender(*args)
+        cpu.setdefault(name, []).append((cpu_seconds() - before) / count * 1e6)
+        return fps
+
     def add_rows(env: str, policy: str, runs: dict[str, list[float]], base: str) -> None:
         for name, values in runs.items():
             ratios = [v / b for v, b in zip(values, runs[base], strict=False)]
             fps, ratio = float(np.median(values)), float(np.median(ratios))
-            rows.append((env, policy, name, fps, ratio))
-            print(f"{env:9s} {policy:7s} {name:40s} {fps:10.0f} frames/s  ({ratio:.2f}x bare)")
+            us = float(np.median(cpu.pop(name)))
+            rows.append((env, policy, name, fps, ratio, us))
+            print(
+                f"{env:9s} {policy:7s} {name:40s} {fps:10.0f} frames/s  ({ratio:.2f}x bare)"
+                f"  {us:6.1f} CPU us/frame"
+            )
 
     try:
         for env in args.envs:
@@ -195,18 +227,18 @@ def main() -> None:
                 # the VM's speed drifts: contenders run in turn, `repeat` rounds, medians kept
                 runs: dict[str, list[float]] = {}
                 for _ in range(max(1, args.repeat)):
-                    runs.setdefault(BARE, []).append(
-                        bare_loop(PRESETS[env], args.num_envs, policy, frames)
-                    )
+                    job = (PRESETS[env], args.num_envs, policy, frames)
+                    runs.setdefault(BARE, []).append(measured(BARE, frames, bare_loop, *job))
                     if args.tensordict_loop:
-                        fps = tensordict_loop(PRESETS[env], args.num_envs, policy, frames)
-                        runs.setdefault("TensorDict loop (rlcollect's policy)", []).append(fps)
+                        name = "TensorDict loop (rlcollect's policy)"
+                        fps = measured(name, frames, tensordict_loop, *job)
+                        runs.setdefault(name, []).append(fps)
                     for writer in args.writers:  # the collectors of one writer back to back
                         for collector in args.collectors:
-                            fps = rlcollect(
-                                env, args.num_envs, policy, collector, writer, frames, tmp / writer
-                            )
-                            runs.setdefault(f"rlcollect {collector}, {writer}", []).append(fps)
+                            name = f"rlcollect {collector}, {writer}"
+                            job = (env, args.num_envs, policy, collector, writer, frames)
+                            fps = measured(name, frames, rlcollect, *job, tmp / writer)
+                            runs.setdefault(name, []).append(fps)
                     loads.append(os.getloadavg()[0])
                 add_rows(env, policy, runs, BARE)
                 for writer in args.writers:
@@ -231,30 +263,31 @@ def main() -> None:
                         )
                         name = "TorchRL MultiSync x2" if workers else "TorchRL SyncDataCollector"
                         base = float(np.median(runs[BARE]))
-                        rows.append((env, policy, f"{name}, memmap", fps, fps / base))
+                        rows.append((env, policy, f"{name}, memmap", fps, fps / base, None))
                 if args.contenders and contenders.available("minari"):
                     fps = contenders.minari_run(
                         PRESETS[env], policy, frames, tmp / f"minari-{env}-{policy}"
                     )
                     base = float(np.median(runs[BARE]))
-                    rows.append((env, policy, "Minari DataCollector, hdf5", fps, fps / base))
+                    rows.append((env, policy, "Minari DataCollector, hdf5", fps, fps / base, None))
         if args.envpool and contenders.available("envpool"):
             pool_frames = int(args.envpool_frames)
             runs = {}
             for _ in range(max(1, args.repeat)):
-                runs.setdefault("bare envpool, random actions", []).append(
-                    bare_envpool("Pendulum-v1", ENVPOOL_LANES, pool_frames)
-                )
-                runs.setdefault("bare envpool, fixed action", []).append(
-                    bare_envpool("Pendulum-v1", ENVPOOL_LANES, pool_frames, fixed=True)
-                )
-                fps = rlcollect(
+                pool = ("Pendulum-v1", ENVPOOL_LANES, pool_frames)
+                for name, fixed in (("random actions", False), ("fixed action", True)):
+                    name = f"bare envpool, {name}"
+                    fps = measured(name, pool_frames, bare_envpool, *pool, fixed)
+                    runs.setdefault(name, []).append(fps)
+                name = "rlcollect sync, envpool x256, hdf5"
+                fps = measured(
+                    name, pool_frames, rlcollect,
                     "Pendulum", ENVPOOL_LANES, "random", "sync", "hdf5", pool_frames,
                     tmp / "ep.h5", "env.backend=envpool",
                     f"frames_per_batch={ENVPOOL_LANES * 100}",
                     f"+env.kwargs.num_threads={ENVPOOL_THREADS}",
                 )  # fmt: skip
-                runs.setdefault("rlcollect sync, envpool x256, hdf5", []).append(fps)
+                runs.setdefault(name, []).append(fps)
                 loads.append(os.getloadavg()[0])
             add_rows("Pendulum", "random", runs, "bare envpool, random actions")
     finally:
@@ -276,15 +309,18 @@ def main() -> None:
     lines = [
         *record.header(),
         f"Work: {frames} frames per contender ({int(args.envpool_frames)} for envpool), "
-        f"{args.num_envs} envs per process (multisync: 2 workers), torch threads 1; "
+        f"{args.num_envs} envs per process (multisync: 2 workers), torch threads {threads}; "
         f"{args.repeat} rounds run in turn; frames/s: median of the rounds; ratio: median "
         "of the per-round ratios to the bare loop of the same round (TorchRL and Minari: "
         "one run, to the median bare loop)  ",
         f"Load: {load}\n",
-        "| env | policy | contender | frames/s | vs bare loop |",
-        "|---|---|---|---:|---:|",
+        "| env | policy | contender | frames/s | vs bare loop | CPU us a frame |",
+        "|---|---|---|---:|---:|---:|",
     ]
-    lines += [f"| {e} | {p} | {c} | {f:,.0f} | {r:.2f}x |" for e, p, c, f, r in rows]
+    lines += [
+        f"| {e} | {p} | {c} | {f:,.0f} | {r:.2f}x | {'' if us is None else f'{us:.1f}'} |"
+        for e, p, c, f, r, us in rows
+    ]
     if pairs:
         lines += [
             "\nmultisync x2 / sync, each round's two runs back to back:\n",
