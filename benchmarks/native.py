@@ -18,6 +18,7 @@ Rows, each the same env, lanes and policy:
     python benchmarks/native.py                                  # the issue's CPU job
     python benchmarks/native.py --rows cli --profile             # cProfile the run in-process
     python benchmarks/native.py --device cuda:0 --policy mlp --num-envs 65536 --writer memmap
+    python benchmarks/native.py --rows env,written,disk --dir /dev/shm  # memory, not the disk
 """
 
 from __future__ import annotations
@@ -222,6 +223,10 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, help="torch intra-op threads (OMP_NUM_THREADS); default: torch's"
     )
+    parser.add_argument(
+        "--dir",
+        help="where the datasets are written (default: the temp dir; /dev/shm takes the disk out)",
+    )
     parser.add_argument("--profile", action="store_true", help="also cProfile the cli job")
     parser.add_argument("--record", action="store_true", help="append a record to RESULTS.md")
     args = parser.parse_args()
@@ -232,7 +237,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     frames, quick = int(args.frames), int(args.quick_frames)
-    tmp = Path(tempfile.mkdtemp(prefix="rlcollect-native-"))
+    tmp = Path(tempfile.mkdtemp(prefix="rlcollect-native-", dir=args.dir))
     job = (
         f"{args.env}, {args.num_envs} envs, policy={args.policy}, device={args.device}, "
         f"torch threads {args.threads or torch.get_num_threads()}"
@@ -317,7 +322,7 @@ def main() -> None:
     if args.record and results:
         lines = [
             *record.header("native backend", machine()),
-            f"Job: {job}  ",
+            f"Job: {job}; datasets in {tmp.parent}  ",
             f"Load: 1-minute load average {min(loads):.2f}-{max(loads):.2f}",
             "",
             "| row | value | note |",
