@@ -11,6 +11,7 @@ import contextlib
 import copy
 import itertools
 import json
+import math
 import os
 import struct
 import zlib
@@ -238,9 +239,10 @@ class Block:
         if array.shape[:lead] == chunk[:lead]:
             self._id.write_direct_chunk(start + tail, contiguous(array))
             return
-        if array.shape[1:lead] == chunk[1:lead]:
-            # the chunks are runs of whole rows (lanes): one copy of the whole array,
-            # then each is a slice of it (a transposed 2-d copy runs ~3x faster whole)
+        if array.shape[1:lead] == chunk[1:lead] and math.prod(array.shape[lead:]) == 1:
+            # one number a frame, chunks of whole lanes: one copy of the whole array,
+            # then each chunk is a slice of it (torch transposes a whole 2-d array ~3x
+            # faster; larger frames keep the copy per chunk, which bounds the memory)
             array = contiguous(array)
         grid = [range(0, n, c) for n, c in zip(array.shape[:lead], chunk, strict=False)]
         for offsets in itertools.product(*grid):
