@@ -275,8 +275,8 @@ def main() -> None:
             runs = {}
             for _ in range(max(1, args.repeat)):
                 pool = ("Pendulum-v1", ENVPOOL_LANES, pool_frames)
-                for name, fixed in (("random actions", False), ("fixed action", True)):
-                    name = f"bare envpool, {name}"
+                for kind, fixed in (("random actions", False), ("fixed action", True)):
+                    name = f"bare envpool, {kind}"
                     fps = measured(name, pool_frames, bare_envpool, *pool, fixed)
                     runs.setdefault(name, []).append(fps)
                 name = "rlcollect sync, envpool x256, hdf5"
