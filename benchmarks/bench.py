@@ -1,8 +1,8 @@
 """Side-by-side throughput: rlcollect vs the loop a user writes by hand.
 
 The reference of every ratio is a bare loop with no rlcollect code in it, run in
-the same process as the contenders, in turn with them (``--repeat`` rounds; each
-ratio is the median of the per-round ratios):
+the same process as the contenders, in turn with them (``--repeat`` rounds, every
+other one in reverse order; each ratio is the median of the per-round ratios):
 
 - gymnasium: ``SyncVectorEnv``, numpy observation -> ``torch.from_numpy`` -> a
   64x64 tanh MLP (actions squashed into the bounds, argmax for discrete) -> numpy
@@ -224,21 +224,30 @@ def main() -> None:
     try:
         for env in args.envs:
             for policy in args.policies:
-                # the VM's speed drifts: contenders run in turn, `repeat` rounds, medians kept
+                # the VM's speed drifts: contenders run in turn, `repeat` rounds, medians
+                # kept; every other round runs them in reverse, so that no contender
+                # always runs first or last in a round
                 runs: dict[str, list[float]] = {}
-                for _ in range(max(1, args.repeat)):
-                    job = (PRESETS[env], args.num_envs, policy, frames)
-                    runs.setdefault(BARE, []).append(measured(BARE, frames, bare_loop, *job))
-                    if args.tensordict_loop:
-                        name = "TensorDict loop (rlcollect's policy)"
-                        fps = measured(name, frames, tensordict_loop, *job)
-                        runs.setdefault(name, []).append(fps)
-                    for writer in args.writers:  # the collectors of one writer back to back
-                        for collector in args.collectors:
-                            name = f"rlcollect {collector}, {writer}"
-                            job = (env, args.num_envs, policy, collector, writer, frames)
-                            fps = measured(name, frames, rlcollect, *job, tmp / writer)
-                            runs.setdefault(name, []).append(fps)
+                job = (PRESETS[env], args.num_envs, policy, frames)
+                order = [(BARE, bare_loop, job)]
+                if args.tensordict_loop:
+                    order.append(("TensorDict loop (rlcollect's policy)", tensordict_loop, job))
+                for writer in args.writers:  # the collectors of one writer back to back
+                    for collector in args.collectors:
+                        name = f"rlcollect {collector}, {writer}"
+                        run_job = (
+                            env,
+                            args.num_envs,
+                            policy,
+                            collector,
+                            writer,
+                            frames,
+                            tmp / writer,
+                        )
+                        order.append((name, rlcollect, run_job))
+                for round_ in range(max(1, args.repeat)):
+                    for name, contender, args_ in order if round_ % 2 == 0 else order[::-1]:
+                        runs.setdefault(name, []).append(measured(name, frames, contender, *args_))
                     loads.append(os.getloadavg()[0])
                 add_rows(env, policy, runs, BARE)
                 for writer in args.writers:
@@ -273,21 +282,20 @@ def main() -> None:
         if args.envpool and contenders.available("envpool"):
             pool_frames = int(args.envpool_frames)
             runs = {}
-            for _ in range(max(1, args.repeat)):
-                pool = ("Pendulum-v1", ENVPOOL_LANES, pool_frames)
-                for kind, fixed in (("random actions", False), ("fixed action", True)):
-                    name = f"bare envpool, {kind}"
-                    fps = measured(name, pool_frames, bare_envpool, *pool, fixed)
-                    runs.setdefault(name, []).append(fps)
-                name = "rlcollect sync, envpool x256, hdf5"
-                fps = measured(
-                    name, pool_frames, rlcollect,
-                    "Pendulum", ENVPOOL_LANES, "random", "sync", "hdf5", pool_frames,
-                    tmp / "ep.h5", "env.backend=envpool",
-                    f"frames_per_batch={ENVPOOL_LANES * 100}",
-                    f"+env.kwargs.num_threads={ENVPOOL_THREADS}",
-                )  # fmt: skip
-                runs.setdefault(name, []).append(fps)
+            pool = ("Pendulum-v1", ENVPOOL_LANES, pool_frames)
+            pool_run = (
+                "Pendulum", ENVPOOL_LANES, "random", "sync", "hdf5", pool_frames,
+                tmp / "ep.h5", "env.backend=envpool", f"frames_per_batch={ENVPOOL_LANES * 100}",
+                f"+env.kwargs.num_threads={ENVPOOL_THREADS}",
+            )  # fmt: skip
+            order = [
+                ("bare envpool, random actions", bare_envpool, (*pool, False)),
+                ("bare envpool, fixed action", bare_envpool, (*pool, True)),
+                ("rlcollect sync, envpool x256, hdf5", rlcollect, pool_run),
+            ]
+            for round_ in range(max(1, args.repeat)):
+                for name, contender, args_ in order if round_ % 2 == 0 else order[::-1]:
+                    runs.setdefault(name, []).append(measured(name, pool_frames, contender, *args_))
                 loads.append(os.getloadavg()[0])
             add_rows("Pendulum", "random", runs, "bare envpool, random actions")
     finally:
@@ -310,7 +318,8 @@ def main() -> None:
         *record.header(),
         f"Work: {frames} frames per contender ({int(args.envpool_frames)} for envpool), "
         f"{args.num_envs} envs per process (multisync: 2 workers), torch threads {threads}; "
-        f"{args.repeat} rounds run in turn; frames/s: median of the rounds; ratio: median "
+        f"{args.repeat} rounds run in turn (every other round in reverse order); frames/s: "
+        "median of the rounds; ratio: median "
         "of the per-round ratios to the bare loop of the same round (TorchRL and Minari: "
         "one run, to the median bare loop)  ",
         f"Load: {load}\n",
