@@ -4,7 +4,8 @@ Rows, each the same env, lanes and policy:
   env       the native env stepped by hand (its tensors in and out) with a bare policy
             (torch random actions or a plain torch MLP), storing nothing: the reference
   written   the whole ``rlcollect run`` in this process, writing the dataset; env and
-            written run in turn, ``--repeat`` rounds, ratio = median of per-round ratios
+            written run in turn, ``--repeat`` rounds (every other one written first),
+            ratio = median of per-round ratios
   collector the SyncCollector filling batches (copied to the host), no writer
   cli       the real CLI, ``rlcollect run ... env.backend=native``, writing the dataset:
             frames/s as its summary reports it (collection + writing, start-up excluded)
@@ -254,9 +255,13 @@ def main() -> None:
         if "env" in rows and "written" in rows:  # paired rounds, in this process
             out = tmp / ("w.h5" if args.writer == "hdf5" else "w")
             envs, wrote = [], []
-            for _ in range(max(1, args.repeat)):
-                envs.append(env_only(args, quick))
-                wrote.append(written(args, frames, out))
+            for round_ in range(max(1, args.repeat)):
+                if round_ % 2:  # every other round the other way round (the VM drifts)
+                    wrote.append(written(args, frames, out))
+                    envs.append(env_only(args, quick))
+                else:
+                    envs.append(env_only(args, quick))
+                    wrote.append(written(args, frames, out))
                 loads.append(os.getloadavg()[0])
             ratios = [w / e for w, e in zip(wrote, envs, strict=True)]
             show("native env.step + bare policy (nothing stored)", statistics.median(envs))
