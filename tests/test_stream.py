@@ -123,17 +123,19 @@ def test_writer_error_reaches_the_collecting_thread(tmp_path, background):
 
 
 @pytest.mark.parametrize(
-    ("env", "lanes", "threads"),
+    ("env", "lanes", "policy", "threads"),
     [
-        # a policy that sees fewer than SERIAL_ELEMENTS numbers a step: one thread
-        (["env=Pendulum"], 4, 1),
-        (["env=Pendulum", "env.backend=native"], 4, 1),
+        # a small policy that sees fewer than SERIAL_ELEMENTS numbers a step: one thread
+        (["env=Pendulum"], 4, "threads_seen", 1),
+        (["env=Pendulum", "env.backend=native"], 4, "threads_seen", 1),
         # larger steps keep torch's threads, less one for the writer beside a torch env
-        (["env=Acrobot", "env.backend=native"], SERIAL_ELEMENTS // 6 + 8, 2),  # 6 numbers
-        (["env=gym", "env.id=pixelenvs:Pixels-v0"], 4, 3),  # 4 x 64 x 64 x 3 numbers
+        (["env=Acrobot", "env.backend=native"], SERIAL_ELEMENTS // 6 + 8, "threads_seen", 2),
+        (["env=gym", "env.id=pixelenvs:Pixels-v0"], 4, "threads_seen", 3),  # 4 x 64 x 64 x 3
+        # so does a policy with SERIAL_MACS weights or more a step, on small observations
+        (["env=Pendulum"], 4, "WideThreadsSeen", 3),
     ],
 )
-def test_the_threads_torch_collects_with(tmp_path, env, lanes, threads):
+def test_the_threads_torch_collects_with(tmp_path, env, lanes, policy, threads):
     import toypolicies
 
     from collect_cli.run import run
@@ -149,7 +151,7 @@ def test_the_threads_torch_collects_with(tmp_path, env, lanes, threads):
                         *env,
                         f"env.num_envs={lanes}",
                         "policy=python",
-                        "policy.target=toypolicies:threads_seen",
+                        f"policy.target=toypolicies:{policy}",
                         f"frames_per_batch={lanes * 10}",
                         f"total_frames={lanes * 30}",
                         "progress=none",

@@ -48,7 +48,7 @@ from collect_cli.errors import ConfigError, PolicyError, RlcollectError
 from collect_cli.exploration import interaction
 from collect_cli.policies import PolicyFactory, RandomPolicy, tensor_policy, torch_dtype
 from collect_cli.rollout import RolloutOptions
-from collect_cli.threads import SERIAL_ELEMENTS, intra_op_threads
+from collect_cli.threads import intra_op_threads, serial
 
 
 def _host(x: torch.Tensor) -> np.ndarray:
@@ -104,15 +104,18 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         self.busy_in_python = self.env.steps_in_python
         self.torch_on_cpu = self.env.torch_on_cpu
         self.device = torch.device(device)
-        # a policy on this CPU that sees so few numbers a step runs on one thread
-        step_elements = self.env.num_envs * sum(
-            math.prod(leaf.shape) for leaf in self.env.obs_leaves
-        )
-        self._serial = self.device.type == "cpu" and step_elements < SERIAL_ELEMENTS
         self.storing_device = torch.device(storing_device)
         if isinstance(policy, PolicyFactory):
             policy = policy(self.env.observation_space, self.env.action_space)
         self.policy = policy if policy is not None else RandomPolicy(self.env.action_space, device)
+        # a small policy on this CPU, on small observations, runs on one thread
+        step_elements = self.num_envs * sum(math.prod(leaf.shape) for leaf in self.env.obs_leaves)
+        weights = (
+            sum(p.numel() for p in self.policy.parameters())
+            if isinstance(self.policy, nn.Module)
+            else 0
+        )
+        self._serial = self.device.type == "cpu" and serial(step_elements, self.num_envs * weights)
         self.env_id = self.env.env_id
         self.observation_space = self.env.observation_space
         self.action_space = self.env.action_space

@@ -57,6 +57,18 @@ def first_action(observation_space, action_space):
 THREADS_SEEN: list[int] = []
 
 
+class WideThreadsSeen(torch.nn.Module):
+    """``threads_seen`` as a module with 2M weights (which it does not use)."""
+
+    def __init__(self, observation_space, action_space):
+        super().__init__()
+        self.wide = torch.nn.Linear(1024, 2048)
+        self.act = threads_seen(observation_space, action_space)
+
+    def forward(self, obs):
+        return self.act(obs)
+
+
 def threads_seen(observation_space, action_space):
     """A plain callable: the middle of the Box (action 0 if discrete), recording
     torch's intra-op threads."""
