@@ -307,8 +307,8 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         if self.reset_at_each_iter and self._batches > 0:
             self.reset()
         self._batches += 1
-        serial = intra_op_threads(1) if self._serial else nullcontext()
-        with interaction(self.exploration_type), serial:
+        threads = intra_op_threads(1) if self._serial else nullcontext()
+        with interaction(self.exploration_type), threads:
             if self._device_buffers is not None:
                 self._buffer = self._device_fill(stop)
                 return self._buffer

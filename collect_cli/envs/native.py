@@ -40,7 +40,7 @@ import torch
 from collect_cli.envs.base import StepResult, VecEnv
 from collect_cli.envs.native_dynamics import ENVS, Dynamics
 from collect_cli.errors import CollectionError, DeviceError, UsageError
-from collect_cli.threads import SERIAL_ELEMENTS, intra_op_threads
+from collect_cli.threads import intra_op_threads, serial
 
 KIND = {bool: "true or false", int: "an integer", float: "a number"}
 
@@ -155,7 +155,7 @@ class NativeVecEnv(VecEnv):
         self.info_shapes = ()
         self._init_leaves()
         self._cpu = self.torch_on_cpu = self.device.type == "cpu"
-        self._serial = self._cpu and self.num_envs < SERIAL_ELEMENTS
+        self._serial = self._cpu and serial(self.num_envs)
         self._generator = torch.Generator(device=self.device)
         self._state: torch.Tensor | None = None
         self._obs: torch.Tensor | None = None
