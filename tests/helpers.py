@@ -58,6 +58,34 @@ def assert_split_on_done(path: Path | str) -> int:
 SUPPORT = Path(__file__).parent / "support"
 
 
+def resident_pages(path: Path | str) -> np.ndarray:
+    """Which pages of the file are in the OS's page cache (``mincore`` over a
+    read-only shared mapping; mapping a page does not read it)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        pages = -(-size // mmap.PAGESIZE)
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+            return np.frombuffer(vec.raw, np.uint8) & 1 == 1
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
 def start_run(args: list[str], cwd: Path, **popen: object) -> subprocess.Popen:
     """``rlcollect run ARGS`` as a background process (test envs importable)."""
     env = dict(os.environ, PYTHONPATH=str(SUPPORT))

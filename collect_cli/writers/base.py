@@ -15,6 +15,7 @@ import errno
 import functools
 import glob
 import math
+import mmap
 import os
 import shutil
 import tempfile
@@ -137,6 +138,22 @@ def start_write_back(fd: int) -> None:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOSYS, errno.ESPIPE):
             raise OSError(err, os.strerror(err))
+
+
+def drop_behind(fd: int, start: int, end: int) -> None:
+    """Drop the file's cached pages inside bytes ``start...end`` from the OS's page
+    cache where they are already on the device (``posix_fadvise(DONTNEED)``: dirty
+    pages stay, nothing is lost). For data written once, once its write-back had time
+    to finish: a long run then keeps only its last batches in the page cache, not
+    the whole dataset (no other file's pages are evicted for it), and the kernel
+    recycles those pages for the next batches instead of taking new ones, which
+    costs more than the write itself on some VMs (docs/performance.md). A page that
+    is written again later (HDF5's metadata among the chunks) is read back once.
+    A no-op where there is no ``posix_fadvise``."""
+    page = mmap.PAGESIZE
+    start, end = -(-start // page) * page, end // page * page
+    if end > start and hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
 
 
 @functools.cache

@@ -25,7 +25,7 @@ import numpy as np
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, Rows
 from collect_cli.errors import ConfigError, OutputError, WriteError
-from collect_cli.writers.base import Writer, contiguous, start_write_back
+from collect_cli.writers.base import Writer, contiguous, drop_behind, start_write_back
 
 JSON_ATTRS = (
     "observation_space",
@@ -515,6 +515,7 @@ class Hdf5Writer(Writer):
         self._finals: dict[tuple[str, ...], Block] = {}
         self._fd: int | None = None
         self._eoa_at: int | None = None
+        self._behind = (0, 0)  # the file's bytes the last write-back started writing out
         self._reserved = 0
         self._seq = 0  # commits made (the last commit record's number)
         self._text: set[tuple[str, ...]] = set()  # Text keys: stored as fixed-length bytes
@@ -556,12 +557,14 @@ class Hdf5Writer(Writer):
             block.resize(0, axis=0)
         self._file.flush()
         self._eoa_at = eoa_field(self._fd)
+        self._behind = (self._file.id.get_filesize(),) * 2  # what is before: never dropped
 
     def _reopen(self) -> dict[str, Any]:
         self._file = h5py.File(self.path, "r+", locking=False)
         self._fd = os.open(self.path, os.O_RDWR)
         self._eoa_at = eoa_field(self._fd)
         self._reserved = os.fstat(self._fd).st_size
+        self._behind = (self._file.id.get_filesize(),) * 2
         self._attrs = RootAttrs(self._file)
 
         def collect(name: str, obj: Any) -> None:
@@ -714,7 +717,12 @@ class Hdf5Writer(Writer):
         self._file.flush()
 
     def _write_back(self) -> None:
+        # the file's part the last write-back started has had a batch's time to reach
+        # the disk; each part is dropped once (chunks are written once)
+        end = self._file.id.get_filesize()
+        drop_behind(self._fd, *self._behind)
         start_write_back(self._fd)  # committed: the flush put it all in the OS's cache
+        self._behind = (self._behind[1], end)
 
     # durability D11 (docs/durability.md)
     def _close(self) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
+import os
+
 import h5py
 import numpy as np
 import pytest
@@ -11,7 +14,7 @@ from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.errors import ConfigError, WriteError
 from collect_cli.validate import validate
-from collect_cli.writers import make_writer, open_dataset
+from collect_cli.writers import base, make_writer, open_dataset
 from collect_cli.writers.hdf5 import (
     COMMIT_SLOTS,
     MAX_LANES,
@@ -24,6 +27,7 @@ from collect_cli.writers.hdf5 import (
     read_commit,
     read_meta,
 )
+from tests.helpers import resident_pages
 
 META = {"env_id": "CartPole-v1", "config": {}}
 
@@ -293,3 +297,77 @@ def test_a_torn_record_falls_back_to_the_previous_commit(tmp_path, batches):
     with h5py.File(path, "r", locking=False) as f:  # the loose counters are right again
         assert f.attrs["frames"] == 120 and read_commit(f.attrs)["seq"] > 3
     assert validate(path) == []
+
+
+def _drops_pages(directory) -> bool:
+    """Whether this filesystem drops clean pages on request (tmpfs keeps them: they
+    are the file)."""
+    probe = directory / "probe"
+    probe.write_bytes(b"x" * 4 * mmap.PAGESIZE)
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    dropped = not resident_pages(probe).any()
+    probe.unlink()
+    return dropped
+
+
+@pytest.fixture
+def drops_pages(tmp_path):
+    if not hasattr(os, "posix_fadvise") or not _drops_pages(tmp_path):
+        pytest.skip("this filesystem keeps written pages in memory (tmpfs)")
+
+
+def test_drop_behind_keeps_every_page_outside_the_span(tmp_path, drops_pages):
+    """Pages wholly inside the span leave the page cache (all but those sharing a
+    large folio with the span's edges); no page outside it does."""
+    mib, page, path = 1 << 20, mmap.PAGESIZE, tmp_path / "f"
+    with path.open("wb") as fh:
+        for _ in range(8):
+            fh.write(os.urandom(mib))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        base.drop_behind(fd, mib + 1, 7 * mib - 1)
+        kept = resident_pages(path)
+        per_mib = mib // page
+        assert kept[: per_mib + 1].all() and kept[7 * per_mib - 1 :].all()
+        assert kept[per_mib : 7 * per_mib].mean() < 0.5
+        base.drop_behind(fd, 0, 0)  # nothing
+        assert (resident_pages(path) == kept).all()
+    finally:
+        os.close(fd)
+
+
+def test_write_back_drops_the_chunks_the_last_one_wrote_out(tmp_path, monkeypatch, drops_pages):
+    """Each write-back drops from the page cache what the one before it started writing
+    out (the batches' chunks, once on the device): the dataset's frames do not pile up
+    in memory, and read back intact."""
+    make = env_factory("Pendulum-v1", 512, "native")
+    with SyncCollector(make, frames_per_batch=51200, total_frames=4 * 51200) as c:
+        batches = [b for b in c]  # 2.4 MB each
+    monkeypatch.setattr(base, "WRITE_BACK_BYTES", 1)
+    path = tmp_path / "d.h5"
+    w = make_writer("hdf5", path, metadata=META, planned_steps=400).open()
+    cached = []  # MB of the file in the page cache after each write-back
+    for b in batches:
+        w.append(b)
+        w.commit()
+        fd = os.open(w.path, os.O_RDONLY)  # what write_back started is on the device
+        os.fsync(fd)
+        os.close(fd)
+        w.write_back()
+        cached.append(resident_pages(w.path).sum() * mmap.PAGESIZE / 1e6)
+    w.close()
+    # a batch stays cached until the next write-back drops it (but for the pages
+    # HDF5's metadata shares with it): about one batch is cached, not all of them
+    mb = batches[0].bytes() / 1e6
+    assert 0.9 * mb < cached[0] < 1.3 * mb, (mb, cached)
+    assert all(c < 1.3 * mb for c in cached), (mb, cached)
+    td = open_dataset(path).load()
+    whole = torch.cat(batches, 1)
+    for key in ("observation", ("next", "observation"), ("next", "reward"), "action"):
+        assert torch.equal(torch.as_tensor(np.asarray(td.get(key))), whole.get(key)), key
