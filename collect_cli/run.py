@@ -20,11 +20,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from collect_cli import __version__, provenance, specs
-from collect_cli import dataformat as fmt
 from collect_cli.config import Settings
 from collect_cli.errors import ConfigError, DeviceError
 from collect_cli.rollout import RolloutOptions
-from collect_cli.stream import DEPTH, Stream, WriteBehind
+from collect_cli.stream import DEPTH, WriteBehind, WriterSpec, pump
 from collect_cli.threads import intra_op_threads
 
 log = logging.getLogger("rlcollect")
@@ -210,7 +209,7 @@ def _writer_options(settings: Settings) -> dict[str, Any]:
 
 def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
     """Collect ``settings.total_frames`` frames into the dataset at ``settings.out``."""
-    from collect_cli.writers import check_output, make_writer
+    from collect_cli.writers import check_output
 
     device = resolve_device(settings.device)
     storing_device = resolve_device(settings.storing_device, "storing_device")
@@ -218,46 +217,47 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
         return _resume(settings, device, storing_device, progress)
     check_output(settings.out, settings.overwrite)
 
-    collector = build_collector(settings, device, storing_device)
-    try:
-        metadata = {
-            "rlcollect_version": __version__,
-            "versions": library_versions(),
-            "env_id": collector.env_id,
-            "env_preset": settings.env.name,
-            "env_backend": settings.env.backend,
-            "observation_space": specs.describe(collector.observation_space),
-            "action_space": specs.describe(collector.action_space),
-            "policy": settings.policy.name,
-            "collector": settings.collector.name,
-            "seed": settings.seed,
-            "frames_per_batch": collector.frames_per_batch,
-            "total_frames": settings.total_frames,
-            "env_lanes": collector.lanes,
-            **_stream_options(settings),
-            "config": settings.config_yaml,
-            **provenance.metadata(settings.policy, settings.dataset),
-            **settings.extra_metadata,  # e.g. "sweep": the sweep a shard belongs to
-        }
-        writer = make_writer(
-            settings.writer.name,
-            settings.out,
-            metadata=metadata,
-            overwrite=settings.overwrite,
-            planned_steps=planned_steps(collector, settings.total_frames, settings.split_trajs),
-            lanes=None if settings.split_trajs else collector.lanes,
-            **_writer_options(settings),
-        ).open()
-        return _drive(collector, writer, settings, progress)
-    finally:
-        collector.shutdown()
+    with _writing_half(settings, storing_device) as sink:
+        collector = build_collector(settings, device, storing_device)
+        try:
+            metadata = {
+                "rlcollect_version": __version__,
+                "versions": library_versions(),
+                "env_id": collector.env_id,
+                "env_preset": settings.env.name,
+                "env_backend": settings.env.backend,
+                "observation_space": specs.describe(collector.observation_space),
+                "action_space": specs.describe(collector.action_space),
+                "policy": settings.policy.name,
+                "collector": settings.collector.name,
+                "seed": settings.seed,
+                "frames_per_batch": collector.frames_per_batch,
+                "total_frames": settings.total_frames,
+                "env_lanes": collector.lanes,
+                **_stream_options(settings),
+                "config": settings.config_yaml,
+                **provenance.metadata(settings.policy, settings.dataset),
+                **settings.extra_metadata,  # e.g. "sweep": the sweep a shard belongs to
+            }
+            split = settings.split_trajs
+            options = {
+                "metadata": metadata,
+                "overwrite": settings.overwrite,
+                "planned_steps": planned_steps(collector, settings.total_frames, split),
+                "lanes": None if split else collector.lanes,
+                **_writer_options(settings),
+            }
+            sink.open(WriterSpec(settings.writer.name, settings.out, options))
+            return _drive(collector, sink, settings, progress)
+        finally:
+            collector.shutdown()
 
 
 # durability D13 (docs/durability.md)
 def _resume(settings: Settings, device, storing_device, progress: ProgressFn | None) -> RunResult:
     """Continue the dataset at ``settings.out`` up to ``total_frames`` (fresh episodes)."""
     from collect_cli.collectors import derive_seeds
-    from collect_cli.writers import make_writer, open_dataset
+    from collect_cli.writers import open_dataset
 
     meta = open_dataset(settings.out).meta
     done = int(meta.get("frames", 0))
@@ -272,63 +272,90 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
             f"not writer={settings.writer.name}"
         )
     remaining = -1 if settings.total_frames < 0 else max(0, settings.total_frames - done)
-    writer = make_writer(
-        settings.writer.name, settings.out, metadata={}, **_writer_options(settings)
-    )
-    writer.reopen()
+    options = {"metadata": {}, **_writer_options(settings)}
+    with _writing_half(settings, storing_device) as sink:
+        sink.open(WriterSpec(settings.writer.name, settings.out, options, resume=True))
+        try:
+            collector = build_collector(
+                settings,
+                device,
+                storing_device,
+                total_frames=remaining,
+                seed=derive_seeds(settings.seed, 1, 7, done)[0],  # new episodes, not a replay
+                traj_id_start=sink.next_traj_id,
+                rollout=settings.rollout.after(done),
+            )
+        except BaseException:
+            sink.abort()
+            raise
+        try:
+            mismatch = [
+                what
+                for what, ours, theirs in (
+                    ("env", collector.env_id, meta.get("env_id")),
+                    ("lanes", collector.lanes, meta.get("env_lanes", meta.get("lanes"))),
+                    (
+                        "observation space",
+                        specs.describe(collector.observation_space),
+                        _described(meta.get("observation_space")),
+                    ),
+                    (
+                        "action space",
+                        specs.describe(collector.action_space),
+                        _described(meta.get("action_space")),
+                    ),
+                    ("policy checkpoint", *_checkpoints(settings, meta)),
+                    *(
+                        (key, value, meta.get(key, value))
+                        for key, value in _stream_options(settings).items()
+                        if key in ("split_trajs", "postproc", "reset_when_done", "info_keys")
+                    ),
+                )
+                if ours != theirs
+            ]
+            if mismatch:
+                sink.abort()
+                raise ConfigError(
+                    f"cannot resume {str(settings.out)!r}: its {', '.join(mismatch)} differ "
+                    "from this config (use the same env, env.num_envs, collector.workers, "
+                    "split_trajs, postproc, reset_when_done, env.info_keys and policy "
+                    "checkpoint)"
+                )
+            if remaining == 0:
+                sink.close("complete")
+                return RunResult(
+                    str(settings.out), sink.frames, sink.episodes, 0.0, 0.0, "complete"
+                )
+            return _drive(collector, sink, settings, progress)
+        finally:
+            collector.shutdown()
+
+
+@contextmanager
+def _writing_half(settings: Settings, storing_device) -> Iterator:
+    """The sink a run writes through (``stream.WriteBehind``'s contract): a writer
+    process where one can run beside a single-process collector whose batches stay
+    in this machine's memory (``writer_process``), else this process's own writer
+    thread or inline writing. The process is forked here, before the collector
+    exists. A run that leaves without closing the dataset aborts it."""
+    from collect_cli import writer_process
+
+    if (
+        settings.collector.name == "sync"
+        and storing_device.type == "cpu"
+        and writer_process.available()
+    ):
+        sink = writer_process.WriterProcess(settings, depth=DEPTH)
+    else:
+        sink = WriteBehind(settings, depth=DEPTH)
     try:
-        collector = build_collector(
-            settings,
-            device,
-            storing_device,
-            total_frames=remaining,
-            seed=derive_seeds(settings.seed, 1, 7, done)[0],  # new episodes, not a replay
-            traj_id_start=writer.next_traj_id,
-            rollout=settings.rollout.after(done),
-        )
+        yield sink
     except BaseException:
-        _close_quietly(writer, "interrupted")
+        sink.abort()
         raise
-    try:
-        mismatch = [
-            what
-            for what, ours, theirs in (
-                ("env", collector.env_id, meta.get("env_id")),
-                ("lanes", collector.lanes, meta.get("env_lanes", meta.get("lanes"))),
-                (
-                    "observation space",
-                    specs.describe(collector.observation_space),
-                    _described(meta.get("observation_space")),
-                ),
-                (
-                    "action space",
-                    specs.describe(collector.action_space),
-                    _described(meta.get("action_space")),
-                ),
-                ("policy checkpoint", *_checkpoints(settings, meta)),
-                *(
-                    (key, value, meta.get(key, value))
-                    for key, value in _stream_options(settings).items()
-                    if key in ("split_trajs", "postproc", "reset_when_done", "info_keys")
-                ),
-            )
-            if ours != theirs
-        ]
-        if mismatch:
-            _close_quietly(writer, "interrupted")
-            raise ConfigError(
-                f"cannot resume {str(settings.out)!r}: its {', '.join(mismatch)} differ from this "
-                "config (use the same env, env.num_envs, collector.workers, split_trajs, "
-                "postproc, reset_when_done, env.info_keys and policy checkpoint)"
-            )
-        if remaining == 0:
-            writer.close("complete")
-            return RunResult(
-                str(settings.out), writer.frames, writer.episodes, 0.0, 0.0, "complete"
-            )
-        return _drive(collector, writer, settings, progress)
     finally:
-        collector.shutdown()
+        if isinstance(sink, writer_process.WriterProcess):
+            sink.shutdown()
 
 
 def _checkpoints(settings: Settings, meta: dict[str, Any]) -> tuple[Any, Any]:
@@ -354,67 +381,50 @@ def _writer_core(leave: bool) -> AbstractContextManager:
 
 
 # durability D12 (docs/durability.md)
-def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -> RunResult:
+def _drive(collector, sink, settings: Settings, progress: ProgressFn | None) -> RunResult:
     flag = StopFlag()
     recent: deque[float] = deque(maxlen=100)
-    start = time.perf_counter()
-    frames_before = writer.frames  # a resumed dataset already holds these
+    frames_before = sink.frames  # a resumed dataset already holds these
     status = "complete"
-    stream = Stream(settings, writer)
 
     def report() -> None:
         if progress is not None:
             progress(
                 ProgressState(
-                    frames=writer.frames,
+                    frames=sink.frames,
                     total_frames=settings.total_frames,
-                    episodes=writer.episodes,
+                    episodes=sink.episodes,
                     mean_return=sum(recent) / len(recent) if recent else None,
                     elapsed=time.perf_counter() - start,
                     frames_before=frames_before,
                 )
             )
 
-    def committed(returns: list[float]) -> None:  # on the writer thread
+    def committed(returns: list[float]) -> None:  # where the sink reports commits
         recent.extend(returns)
         report()
 
-    report()
-    # Envs stepped in this process keep the GIL busy, so writing there is inline;
-    # but image frames make the writer's work (compression, I/O) large, and the
-    # codecs and the env's C++ step (ALE) run without the GIL: then it overlaps.
-    leaves = specs.leaves(collector.observation_space)
-    images = any(fmt.is_image(leaf.shape, leaf.dtype) for leaf in leaves)
-    background = images or not collector.busy_in_python
-    pipe = WriteBehind(stream, committed, background=background)
     try:
-        with _writer_core(collector.torch_on_cpu and background), trap_signals(flag):
-            batches = collector.iter_with_lanes()
-            while not flag.raised:
-                pipe.reserve()
-                item = next(batches, None)
-                if item is None:
-                    pipe.unreserve()
-                    break
-                pipe.submit(*item)
-            pipe.finish()
+        sink.start(collector, committed)
+        start = time.perf_counter()  # collection and writing, from here on
+        report()
+        with _writer_core(collector.torch_on_cpu and sink.concurrent), trap_signals(flag):
+            pump(sink, collector.iter_with_lanes(), lambda: flag.raised)
             if flag.raised:
                 log.warning("%s received: dataset flushed, stopping", flag.signal_name)
                 status = "interrupted"
-            recent.extend(stream.flush())
+            recent.extend(sink.flush())
     except BaseException:
-        with suppress(BaseException):  # the batches already collected still reach the disk
-            pipe.finish()
-        _close_quietly(writer, "interrupted")
+        sink.abort()  # while the collector's buffers still hold the batches submitted
         raise
-    writer.close(status)
+    sink.close(status)
     seconds = time.perf_counter() - start
     return RunResult(
         path=str(settings.out),
-        frames=writer.frames,
-        episodes=writer.episodes,
+        frames=sink.frames,
+        episodes=sink.episodes,
         seconds=round(seconds, 3),
-        frames_per_s=round((writer.frames - frames_before) / seconds, 1) if seconds > 0 else 0.0,
+        frames_per_s=round((sink.frames - frames_before) / seconds, 1) if seconds > 0 else 0.0,
         status=status,
     )
 
@@ -423,10 +433,3 @@ def _drive(collector, writer, settings: Settings, progress: ProgressFn | None) -
 def _described(desc: dict | None) -> dict | None:
     """A stored space description as this version writes it (bounds may be lists)."""
     return None if desc is None else specs.describe(specs.rebuild(desc))
-
-
-def _close_quietly(writer, status: str) -> None:
-    try:
-        writer.close(status)
-    except Exception as exc:  # the original error matters more; the last commit stands
-        log.debug("could not finalise %s: %s", writer.path, exc)

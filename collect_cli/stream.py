@@ -1,23 +1,81 @@
-"""The writing half of a run: batches -> (post-processing) -> writer, on its own thread.
+"""The writing half of a run: batches -> (post-processing) -> writer, beside collection.
 
 :class:`Stream` is the one-way path from a collector batch to the dataset
 (n-step post-processing, episode rows, the writer). :class:`WriteBehind` runs it
-on a background thread, so that the next batch is collected while the last one
-is written: disk I/O and HDF5's work overlap with the envs and the policy.
+on a background thread of this process (or inline), and
+:class:`~collect_cli.writer_process.WriterProcess` in a process of its own; the
+run drives both through the same calls (the contract is :class:`WriteBehind`'s).
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from collect_cli import dataformat as fmt
+from collect_cli import specs
 from collect_cli.config import Settings
+
+log = logging.getLogger("rlcollect")
 
 # Batches a WriteBehind has in flight at most: the collector it is fed from lends
 # batches out of buffers it reuses only after this many more (see run.py).
 DEPTH = 2
+
+
+@dataclass(frozen=True)
+class WriterSpec:
+    """How a run's writer is made: ``make_writer(backend, path, **options)``, then
+    opened, or with ``resume`` the dataset at ``path`` reopened after its last commit."""
+
+    backend: str
+    path: Path
+    options: dict[str, Any] = field(default_factory=dict)
+    resume: bool = False
+
+    def open(self):
+        from collect_cli.writers import make_writer
+
+        writer = make_writer(self.backend, self.path, **self.options)
+        return writer.reopen() if self.resume else writer.open()
+
+
+def writes_inline(collector) -> bool:
+    """Whether writing beside this collector in the same process only slows it:
+    envs stepped in this process keep the GIL busy, and a writer thread would contend
+    for it (measured: ~15% slower); but image frames make the writer's work
+    (compression, I/O) large, and the codecs and the env's C++ step (ALE) run
+    without the GIL: then it overlaps."""
+    leaves = specs.leaves(collector.observation_space)
+    images = any(fmt.is_image(leaf.shape, leaf.dtype) for leaf in leaves)
+    return collector.busy_in_python and not images
+
+
+def close_quietly(writer, status: str) -> None:
+    """Close ``writer`` with ``status``, keeping quiet about a failure: the error that
+    led here matters more, and the last commit stands."""
+    try:
+        writer.close(status)
+    except Exception as exc:
+        log.debug("could not finalise %s: %s", writer.path, exc)
+
+
+def pump(sink, batches, stopped: Callable[[], bool] = lambda: False) -> None:
+    """Hand ``batches`` (``(lane_start, batch)`` pairs) to ``sink`` one at a time,
+    each reserved first, until they run out or ``stopped()``; then finish writing."""
+    while not stopped():
+        sink.reserve()
+        item = next(batches, None)
+        if item is None:
+            sink.unreserve()
+            break
+        sink.submit(*item)
+    sink.finish()
 
 
 class Stream:
@@ -69,41 +127,76 @@ class Stream:
 
 
 class WriteBehind:
-    """Writes (and commits) each submitted batch on a background thread.
+    """The writing half of a run in this process: each submitted batch is written and
+    committed on a background thread (``background``) or in the calling thread.
 
-    With ``background=False`` the same calls write in the calling thread: for
-    collectors that keep the GIL busy themselves (gymnasium envs stepped in this
-    process), a writer thread would only contend for it (measured: ~15% slower).
+    The run drives it, and :class:`~collect_cli.writer_process.WriterProcess`, so:
 
-    At most ``depth`` batches are in flight: :meth:`reserve` blocks the
-    collecting thread until one of them is written, so a collector that reuses
-    ``depth`` buffers in turn never overwrites a batch not yet on disk. Batches
-    are written in submission order; after each commit ``on_commit`` gets the
-    returns of the episodes it finished (called on the writer thread). In the
-    background the writer also starts the kernel writing its frames out as it goes
-    (``Writer.write_back``), so that closing the dataset does not wait on the disk.
+    ========================================  =========================================
+    ``open(spec)``                            create (or reopen) the dataset; ``frames``,
+                                              ``episodes`` and ``next_traj_id`` then count
+                                              what it holds
+    ``start(collector, on_commit)``           take that collector's lent batches from now
+                                              on; after each commit ``on_commit`` gets the
+                                              returns of the episodes it finished
+    ``reserve()``, then ``submit(lane_start,  one batch: ``reserve`` waits until fewer than
+    batch)`` or ``unreserve()``               ``depth`` are in flight
+    ``finish()``                              every submitted batch written and committed
+    ``flush() -> returns``                    what the stream held back written
+    ``close(status)`` or ``abort()``          the dataset closed with ``status``; ``abort``:
+                                              the submitted batches written, then closed as
+                                              interrupted, keeping quiet about failures
+    ========================================  =========================================
 
-    An error while writing stops the thread; it is raised in the collecting
-    thread by the next :meth:`reserve`/:meth:`submit`/:meth:`finish`. Whatever
-    happens in the collecting thread, :meth:`finish` writes the batches already
-    submitted (they are whole batches) before it returns.
+    At most ``depth`` batches are in flight, so a collector that reuses ``depth``
+    buffers in turn never overwrites a batch not yet on disk. Batches are written
+    in submission order. ``background=None`` decides at :meth:`start`: inline where
+    the collector keeps this process's GIL busy (:func:`writes_inline`). On its
+    thread the writer calls ``on_commit`` there, and starts the kernel writing its
+    frames out as it goes (``Writer.write_back``), so that closing the dataset does
+    not wait on the disk.
+
+    An error while writing stops the thread; it is raised in the collecting thread
+    by the next :meth:`reserve`/:meth:`submit`/:meth:`finish`. Whatever happens in
+    the collecting thread, :meth:`finish` and :meth:`abort` write the batches
+    already submitted (they are whole batches) before they return.
     """
 
-    def __init__(
-        self,
-        stream: Stream,
-        on_commit: Callable[[list[float]], None],
-        depth: int = DEPTH,
-        background: bool = True,
-    ) -> None:
-        self.stream = stream
-        self.on_commit = on_commit
+    def __init__(self, settings: Settings, depth: int = DEPTH, background: bool | None = None):
+        self.settings = settings
+        self.background = background
+        self.stream: Stream | None = None
+        self.on_commit: Callable[[list[float]], None] = lambda returns: None
         self._free = threading.Semaphore(depth)
         self._queue: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name="rlcollect-writer", daemon=True)
-        self.background = background
-        if background:
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether batches are written while the next ones are collected."""
+        return bool(self.background)
+
+    @property
+    def frames(self) -> int:
+        return self.stream.writer.frames
+
+    @property
+    def episodes(self) -> int:
+        return self.stream.writer.episodes
+
+    @property
+    def next_traj_id(self) -> int:
+        return getattr(self.stream.writer, "next_traj_id", 0)
+
+    def open(self, spec: WriterSpec) -> None:
+        self.stream = Stream(self.settings, spec.open())
+
+    def start(self, collector, on_commit: Callable[[list[float]], None]) -> None:
+        self.on_commit = on_commit
+        if self.background is None:
+            self.background = not writes_inline(collector)
+        if self.background:
             self._thread.start()
 
     def reserve(self) -> None:
@@ -129,6 +222,20 @@ class WriteBehind:
             self._queue.put(None)
             self._thread.join()
         self._raise()
+
+    def flush(self) -> list[float]:
+        return self.stream.flush()
+
+    def close(self, status: str) -> None:
+        self.stream.writer.close(status)
+
+    def abort(self) -> None:
+        try:  # the batches already collected still reach the disk
+            self.finish()
+        except BaseException as exc:
+            log.debug("while writing the last batches: %s", exc)
+        if self.stream is not None:
+            close_quietly(self.stream.writer, fmt.INTERRUPTED)
 
     def _raise(self) -> None:
         if self._error is not None:

@@ -201,6 +201,29 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
+def kill_group(pgid: int, timeout: float = 10.0) -> None:
+    """SIGKILL every process of group ``pgid`` (a run in its own session: the run, its
+    workers, its writer process), then wait until none of them is left alive: a
+    process killed in the middle of a write finishes that write first."""
+    os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                alive.append(int(entry.name))
+        if not alive:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"processes of group {pgid} outlived SIGKILL: {alive}")
+
+
 def _fork_servers() -> set[int]:
     return {server.proc.pid for server in ForkServer.started}
 

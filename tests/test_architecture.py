@@ -42,7 +42,7 @@ LAYERS = [
     ),
     ("tools", {"collect_cli.validate", "collect_cli.writers.export", "collect_cli.writers.merge"}),
     ("report", {"collect_cli.report", "collect_cli.report_html", "collect_cli.card"}),
-    ("stream", {"collect_cli.stream"}),
+    ("stream", {"collect_cli.stream", "collect_cli.writer_process"}),
     ("run", {"collect_cli.run", "collect_cli.progress", "collect_cli.sweep"}),
     ("cli", {"collect_cli.cli", "collect_cli.__main__"}),
 ]

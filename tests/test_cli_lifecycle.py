@@ -7,14 +7,23 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
+from collect_cli import writer_process
 from collect_cli.validate import check
 from collect_cli.writers import open_dataset
 from tests.conftest import HERE, out_path
-from tests.helpers import assert_consistent, assert_split_on_done, start_run, wait_for_frames
+from tests.helpers import (
+    assert_consistent,
+    assert_split_on_done,
+    descendants,
+    processes_mentioning,
+    start_run,
+    wait_for_frames,
+)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -36,6 +45,56 @@ def test_signal_flushes_and_exits_130(tmp_path, backend, sig):
     td = open_dataset(out).load()
     assert int(td["collector", "mask"].sum()) == meta["frames"]
     assert sig.name in stderr
+
+
+needs_writer_process = pytest.mark.skipif(
+    not writer_process.available(), reason="a writer process needs Linux and two cores"
+)
+
+
+@needs_writer_process
+def test_ctrl_c_reaches_the_whole_run_and_it_still_flushes(tmp_path, backend):
+    """A terminal's Ctrl-C signals the run's whole process group, its writer process
+    too: the writer ignores it and writes what the run hands it, the run exits 130."""
+    out = out_path(tmp_path, backend)
+    args = ["total_frames=-1", "frames_per_batch=200", f"writer={backend}", f"out={out}"]
+    proc = start_run(args, tmp_path, start_new_session=True)
+    wait_for_frames(out, proc, minimum=1000)
+    assert len(descendants(proc.pid)) == 1  # the writer process
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    meta = assert_consistent(out)
+    assert meta["status"] == summary["status"] == "interrupted"
+    assert meta["frames"] == summary["frames"] >= 1000
+    assert not processes_mentioning(str(out))
+
+
+@needs_writer_process
+def test_a_killed_writer_process_ends_the_run_with_exit_1(tmp_path, backend):
+    """The writer process killed: the run stops within seconds with one line naming it,
+    and the dataset holds what was committed, which resume=true completes."""
+    out = out_path(tmp_path, backend)
+    args = ["frames_per_batch=200", f"writer={backend}", f"out={out}", "progress=none"]
+    proc = start_run([*args, "total_frames=-1"], tmp_path)
+    wait_for_frames(out, proc, minimum=1000)
+    (writer,) = descendants(proc.pid)
+    os.kill(writer, signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - killed < 10
+    assert proc.returncode == 1
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr
+    assert f"the writer process (pid {writer}) was killed by SIGKILL" in lines[0]
+    meta = assert_consistent(out)
+    assert meta["status"] == "running" and meta["frames"] >= 1000  # nobody closed it
+    resumed = start_run([*args, f"total_frames={meta['frames'] + 1000}", "resume=true"], tmp_path)
+    _, stderr = resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, stderr
+    assert assert_consistent(out)["status"] == "complete"
+    assert not processes_mentioning(str(out))
 
 
 def test_env_failure_mid_run_exits_1_and_keeps_committed_data(tmp_path, backend):

@@ -1,21 +1,21 @@
-"""The write-behind pipeline: batches written on a background thread, in order,
-never overwritten before they are on disk, errors raised where the run loop sees them."""
+"""The writing half of a run (inline, on a thread, in a process): batches written in
+order, never overwritten before they are on disk, errors raised where the run loop
+sees them; and the threads torch collects with."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import pytest
 import torch
 
-from collect_cli import config
+from collect_cli import config, writer_process
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
-from collect_cli.stream import Stream, WriteBehind
+from collect_cli.stream import Stream, WriteBehind, WriterSpec, pump
 from collect_cli.threads import SERIAL_ELEMENTS
-from collect_cli.writers import make_writer, open_dataset
+from collect_cli.writers import open_dataset
 from tests.conftest import out_path
 from tests.helpers import assert_consistent
 
@@ -36,23 +36,44 @@ def collector(**kw) -> SyncCollector:
     )
 
 
-def new_writer(backend: str, path):
-    meta = {"env_id": "CartPole-v1", "config": "env: CartPole"}
-    return make_writer(backend, path, metadata=meta, overwrite=True, lanes=3).open()
-
-
 def read_all(path) -> dict[str, np.ndarray]:
     ds = open_dataset(path)
     return {key: ds.array(key) for key, _, _ in ds.describe()}
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_write_behind_writes_what_direct_writing_writes(tmp_path, backend, background):
+SINKS = ["inline", "thread", "process"]
+
+
+def make_sink(kind: str, backend: str, path):
+    """One of the three implementations of the writing half's contract."""
+    s = settings(backend, path)
+    if kind == "process":
+        if not writer_process.available():
+            pytest.skip("a writer process needs Linux and two cores")
+        return writer_process.WriterProcess(s, depth=2)
+    return WriteBehind(s, depth=2, background=kind == "thread")
+
+
+def spec(backend: str, path) -> WriterSpec:
+    meta = {"env_id": "CartPole-v1", "config": "env: CartPole"}
+    return WriterSpec(backend, path, {"metadata": meta, "overwrite": True, "lanes": 3})
+
+
+def drive(sink, c, on_commit=lambda returns: None) -> None:
+    """The run loop of run.py, over collector ``c``."""
+    sink.start(c, on_commit)
+    pump(sink, c.iter_with_lanes())
+
+
+@pytest.mark.parametrize("kind", SINKS)
+def test_the_writing_half_writes_what_direct_writing_writes(tmp_path, backend, kind, monkeypatch):
     """Collector ahead of a slow writer: with two buffers in turn, every batch reaches
-    the disk exactly as collected (a buffer reused too early would show here).
-    ``background=False`` writes in the calling thread, through the same calls."""
+    the disk exactly as collected (a buffer reused too early would show here), and
+    the commits are reported with the episodes they ended. Inline writing runs the
+    same calls in the calling thread; the writer process sees the same code (it
+    is forked after the patch below)."""
     direct, behind = out_path(tmp_path, backend, "direct"), out_path(tmp_path, backend, "behind")
-    writer = new_writer(backend, direct)
+    writer = spec(backend, direct).open()
     stream = Stream(settings(backend, direct), writer)
     with collector() as c:
         for lane_start, batch in c.iter_with_lanes():
@@ -60,64 +81,73 @@ def test_write_behind_writes_what_direct_writing_writes(tmp_path, backend, backg
             writer.commit()
     writer.close()
 
-    writer = new_writer(backend, behind)
-    in_flight, peak, lock = [0], [0], threading.Lock()
+    push = Stream.push
 
-    def committed(returns):
-        time.sleep(0.02)  # a slow disk: the collector waits in reserve()
-        with lock:
-            in_flight[0] -= 1
+    def slow_push(self, lane_start, batch):  # a slow disk: the collector waits in reserve()
+        time.sleep(0.02)
+        return push(self, lane_start, batch)
 
-    stream = Stream(settings(backend, behind), writer)
-    pipe = WriteBehind(stream, committed, depth=2, background=background)
+    monkeypatch.setattr(Stream, "push", slow_push)
+    sink = make_sink(kind, backend, behind)
+    sink.open(spec(backend, behind))
+    submitted, committed, peak, returns = [0], [0], [0], []
+
+    def on_commit(ended):
+        committed[0] += 1
+        returns.extend(ended)
+
+    submit = sink.submit
+
+    def counted(*item):
+        submitted[0] += 1
+        peak[0] = max(peak[0], submitted[0] - committed[0])
+        submit(*item)
+
+    sink.submit = counted
     with collector(return_same_td=True, batch_buffers=2) as c:
-        batches = c.iter_with_lanes()
-        while True:
-            pipe.reserve()
-            item = next(batches, None)
-            if item is None:
-                pipe.unreserve()
-                break
-            with lock:
-                in_flight[0] += 1
-                peak[0] = max(peak[0], in_flight[0])
-            pipe.submit(*item)
-        pipe.finish()
-    writer.close()
-
-    assert peak[0] == (2 if background else 1)  # ahead of the writer by one buffer at most
-    assert_consistent(behind)
+        drive(sink, c, on_commit)
+        assert sink.flush() == []
+        sink.close("complete")
+    assert committed[0] == submitted[0] == FRAMES // PER_BATCH
+    assert peak[0] == (1 if kind == "inline" else 2)  # ahead of the writer by one buffer at most
+    meta = assert_consistent(behind)
+    assert (sink.frames, sink.episodes) == (meta["frames"], meta["episodes"])
+    # the commits reported the episodes they ended; closing adds the ones it cut
+    assert len(returns) == open_dataset(behind).episodes()["complete"].sum() > 0
     a, b = read_all(direct), read_all(behind)
     assert a.keys() == b.keys()
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
-    assert open_dataset(behind).meta["frames"] == FRAMES
+    assert meta["frames"] == FRAMES
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_writer_error_reaches_the_collecting_thread(tmp_path, background):
-    """A failure on the writer thread stops it; the run loop gets the exception from
-    reserve()/submit()/finish(), and what was committed before stays readable."""
+@pytest.mark.parametrize("kind", SINKS)
+def test_a_writer_error_reaches_the_run_loop(tmp_path, kind, monkeypatch):
+    """A failure while writing stops the writer; the run loop gets the same exception
+    (its class and message: they make the exit code and the one-line error) from
+    reserve()/submit()/finish(), and abort() keeps what was committed before, closed
+    as interrupted."""
+    from collect_cli.errors import WriteError
+    from collect_cli.writers.hdf5 import Hdf5Writer
+
+    append = Hdf5Writer.append
+
+    def failing(self, batch, lane_start=0):
+        if self.frames:  # the second batch
+            raise WriteError("no space left on the device (simulated)")
+        return append(self, batch, lane_start)
+
+    monkeypatch.setattr(Hdf5Writer, "append", failing)
     path = tmp_path / "ds.h5"
-    writer = new_writer("hdf5", path)
-    stream = Stream(settings("hdf5", path), writer)
-    pipe = WriteBehind(stream, lambda returns: None, depth=2, background=background)
+    sink = make_sink(kind, "hdf5", path)
+    sink.open(spec("hdf5", path))
     with collector(return_same_td=True, batch_buffers=2) as c:
-        pipe.reserve()
-        pipe.submit(*next(c.iter_with_lanes()))
-    other = SyncCollector(env_factory("Pendulum-v1", 3), frames_per_batch=PER_BATCH, seed=1)
-    with other:  # 3 numbers per observation where the dataset holds 4: the write fails
-        pipe.reserve()
-        with pytest.raises(TypeError) as first:
-            pipe.submit(*next(other.iter_with_lanes()))  # inline: fails here
-            pipe.reserve()  # in the background: fails in one of these
-            pipe.reserve()
-        with pytest.raises(TypeError) as again:
-            pipe.submit(*next(other.iter_with_lanes()))
-        assert again.value is first.value
-        with pytest.raises(TypeError):
-            pipe.finish()
-    writer.close("interrupted")
+        with pytest.raises(WriteError, match="no space left on the device") as failed:
+            drive(sink, c)
+        with pytest.raises(WriteError) as again:
+            sink.reserve()
+        assert str(again.value) == str(failed.value)
+        sink.abort()
     meta = assert_consistent(path)
     assert (meta["frames"], meta["status"]) == (PER_BATCH, "interrupted")  # the first batch
 

@@ -30,7 +30,8 @@ from tensordict import TensorDictBase
 from collect_cli import dataformat as fmt
 from collect_cli import errors, specs
 from collect_cli.collectors.base import CollectorBase, derive_seeds
-from collect_cli.collectors.worker import SharedStores, WorkerSpec, worker_main
+from collect_cli.collectors.shared import SharedStores
+from collect_cli.collectors.worker import WorkerSpec, worker_main
 from collect_cli.envs import EnvFactory
 from collect_cli.errors import CollectionError
 from collect_cli.rollout import RolloutOptions

@@ -187,6 +187,22 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                 raise ValueError("adopted buffers must match the collector's own")
         self._use(stores)
 
+    def share_buffers(self):
+        """Move the batch buffers into one file other processes can map (a
+        :class:`~collect_cli.collectors.shared.SharedStores`, which the caller removes
+        once they have), before the first batch. Returns it, and the batches this
+        collector lends from it with ``return_same_td`` (``[lanes, time]`` views, in
+        the order of its buffers)."""
+        from collect_cli.collectors.shared import SharedStores
+
+        shared = SharedStores.create(self._buffers[0].transpose(0, 1), len(self._buffers))
+        try:
+            self.adopt(shared.map())
+        except BaseException:
+            shared.remove()
+            raise
+        return shared, list(self._buffers)
+
     # -- set-up -----------------------------------------------------------------------
     def _policy_input(self, obs: list[np.ndarray]) -> TensorDict:
         """The policy's input TensorDict. One TensorDict over persistent host arrays

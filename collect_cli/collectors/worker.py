@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import tempfile
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,58 +34,6 @@ from collect_cli.envs import EnvFactory
 from collect_cli.rollout import RolloutOptions
 
 PARENT_POLL_S = 1.0
-ALIGN = 64  # bytes: each leaf of a shared store starts on a cache line
-
-
-@dataclass(frozen=True)
-class SharedStores:
-    """``count`` time-major batch buffers in one file mapped by every process that
-    uses them: plain metadata, so sending it passes no file descriptor (passing
-    those needs a helper thread in the sender, which a process forked without
-    multiprocessing's after-fork hooks inherits broken). The file is on tmpfs
-    where there is one; the main process removes it once the workers have mapped it.
-    """
-
-    path: str
-    batch_size: tuple[int, ...]
-    leaves: tuple[tuple[tuple[str, ...], Any, tuple[int, ...], int], ...]  # key, dtype, shape, at
-    count: int
-    stride: int  # bytes from one buffer to the next
-
-    @classmethod
-    def create(cls, template, count: int) -> SharedStores:
-        """Room for ``count`` buffers of ``template``'s keys, dtypes and shapes."""
-        leaves, offset = [], 0
-        for key, value in template.items(True, True):
-            key = key if isinstance(key, tuple) else (key,)
-            leaves.append((key, value.dtype, tuple(value.shape), offset))
-            offset += -(-value.numel() * value.element_size() // ALIGN) * ALIGN
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        fd, path = tempfile.mkstemp(prefix="rlcollect-batches-", dir=shm)
-        os.close(fd)
-        return cls(path, tuple(template.batch_size), tuple(leaves), count, max(ALIGN, offset))
-
-    def map(self) -> list:
-        """The buffers, as TensorDicts over this process's mapping of the file."""
-        import torch
-        from tensordict import TensorDict
-
-        size = self.stride * self.count
-        data = torch.from_file(self.path, shared=True, size=size, dtype=torch.uint8)
-        stores = []
-        for k in range(self.count):
-            at = k * self.stride
-            tensors = {}
-            for key, dtype, shape, offset in self.leaves:
-                nbytes = torch.Size(shape).numel() * dtype.itemsize
-                raw = data[at + offset : at + offset + nbytes]
-                tensors[key] = raw.view(dtype).view(shape)
-            stores.append(TensorDict(tensors, batch_size=self.batch_size))
-        return stores
-
-    def remove(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
 
 
 @dataclass

@@ -208,10 +208,11 @@ def staging_leftovers(path: Path) -> list[tuple[Path, int]]:
 
 
 # durability D2 (docs/durability.md)
-def remove_stale_staging(path: Path) -> None:
-    """Remove the staging datasets of ``path`` left by runs that are gone."""
+def remove_stale_staging(path: Path, owner: int) -> None:
+    """Remove the staging datasets of ``path`` left by runs that are gone (and the
+    run ``owner``'s own)."""
     for leftover, pid in staging_leftovers(path):
-        if pid != os.getpid() and _alive(pid):
+        if pid != owner and _alive(pid):
             continue  # another run's, still going
         remove_output(leftover)
 
@@ -319,8 +320,13 @@ class Writer(abc.ABC):
         planned_steps: int | None = None,
         lanes: int | None = None,
         layout: str = fmt.AUTO,
+        owner: int | None = None,
     ):
+        """``owner``: the pid of the run this writer writes for, which the staging
+        dataset's name carries (default: this process; a run's writer process has
+        the run's)."""
         self.path = Path(path)
+        self.owner = owner or os.getpid()
         self.layout = layout  # auto | full | compact: how observations are stored
         # observation keys stored once (compact layout), and the final/ table's specs
         self.compact: list[fmt.Key] = []
@@ -349,12 +355,12 @@ class Writer(abc.ABC):
         ``path``. Later commits only add data to it and overwrite values."""
         check_output(self.path, self.overwrite)
         final = self.path
-        staging = final.with_name(f".{final.name}.creating-{os.getpid()}")
+        staging = final.with_name(f".{final.name}.creating-{self.owner}")
         try:
             if final.exists():
                 remove_output(final)
             final.parent.mkdir(parents=True, exist_ok=True)
-            remove_stale_staging(final)  # and this process's own, if any
+            remove_stale_staging(final, self.owner)
             self.meta.update(
                 format_version=FORMAT_VERSION,
                 backend=self.backend,
