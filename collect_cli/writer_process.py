@@ -55,13 +55,15 @@ from collect_cli.stream import DEPTH, Stream, WriterSpec, close_quietly
 log = logging.getLogger("rlcollect")
 
 PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # the main process's to handle
 
 
 def available() -> bool:
     """Whether a writer process can run here: Linux (fork, and a signal when the main
-    process dies) and at least two cores for this process (on one, the writer's work
-    only takes turns with the collector's)."""
-    if sys.platform != "linux":
+    process dies), at least two cores for this process (on one, the writer's work
+    only takes turns with the collector's), and not inside a daemonic process
+    (multiprocessing's pool workers), which may not have children."""
+    if sys.platform != "linux" or multiprocessing.current_process().daemon:
         return False
     return len(os.sched_getaffinity(0)) >= 2
 
@@ -82,7 +84,13 @@ class WriterProcess:
             name="rlcollect-writer",
             daemon=True,
         )
-        self._proc.start()
+        # signals held until the child ignores them: a Ctrl-C at this moment must not
+        # kill it before it can
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            self._proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         child.close()
         self.depth = depth
         self.on_commit: Callable[[list[float]], None] = lambda returns: None
@@ -234,8 +242,9 @@ class WriterProcess:
 
 def writer_main(conn, settings: Settings, parent_pid: int) -> None:
     """The child's loop: the protocol of the module's docstring."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _die_with(parent_pid)
     import torch
 

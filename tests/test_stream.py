@@ -196,3 +196,22 @@ def test_the_threads_torch_collects_with(tmp_path, env, lanes, policy, threads):
     assert result.frames == lanes * 30
     # the first call is the collector's dry run, before the run loop
     assert set(toypolicies.THREADS_SEEN[1:]) == {threads}
+
+
+def _run_in_pool_worker(out: str) -> int:
+    from collect_cli.run import run
+
+    overrides = ["env=CartPole", "frames_per_batch=200", "total_frames=600", f"out={out}"]
+    return run(config.load(config.compose(overrides))).frames
+
+
+def test_a_run_in_a_daemonic_process_writes_from_a_thread(tmp_path):
+    """multiprocessing's pool workers may not have children: a run there writes from
+    this process (a thread, or inline) instead of a writer process."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:  # its worker is daemonic
+        frames = pool.apply(_run_in_pool_worker, (str(tmp_path / "ds.h5"),))
+    assert frames == 600
+    assert assert_consistent(tmp_path / "ds.h5")["frames"] == 600
