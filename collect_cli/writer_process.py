@@ -33,6 +33,7 @@ killed run with a writer thread leaves.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import logging
@@ -42,6 +43,7 @@ import pickle
 import signal
 import sys
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import wait
@@ -53,6 +55,20 @@ from collect_cli.errors import WriteError
 from collect_cli.stream import DEPTH, Stream, WriterSpec, close_quietly
 
 log = logging.getLogger("rlcollect")
+
+_LIVE: weakref.WeakSet[WriterProcess] = weakref.WeakSet()  # not shut down yet
+
+
+@atexit.register
+def _shutdown_live() -> None:
+    """End the writer processes still running when the interpreter exits (a script that
+    left one behind). The writer ignores SIGTERM, so multiprocessing's own exit hook,
+    which terminates and joins daemonic children, would wait for ever; this one is
+    registered after it (this module imports multiprocessing first), so runs before."""
+    for sink in list(_LIVE):
+        with contextlib.suppress(Exception):
+            sink.shutdown(timeout=1.0)
+
 
 PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # the main process's to handle
@@ -92,10 +108,11 @@ class WriterProcess:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
         child.close()
+        _LIVE.add(self)
         self.depth = depth
         self.on_commit: Callable[[list[float]], None] = lambda returns: None
         self.frames = self.episodes = self.next_traj_id = 0
-        self._index: dict[int, int] = {}  # id of a lent batch -> its shared buffer
+        self._index: dict[int, int] = {}  # where a lent batch's mask starts -> its buffer
         self._in_flight = 0
         self._error: BaseException | None = None
         self._ended = False  # closed or aborted
@@ -114,7 +131,7 @@ class WriterProcess:
             self._expect("mapped")
         finally:
             shared.remove()  # both processes have mapped it
-        self._index = {id(batch): k for k, batch in enumerate(batches)}
+        self._index = {_where(batch): k for k, batch in enumerate(batches)}
 
     def reserve(self) -> None:
         self._raise()
@@ -128,9 +145,9 @@ class WriterProcess:
 
     def submit(self, lane_start: int, batch: Any) -> None:
         self._raise()
-        index = self._index.get(id(batch))
+        index = self._index.get(_where(batch))
         if index is None:
-            raise ValueError("submit() takes the batches the collector lends, unchanged")
+            raise ValueError("submit() takes the batches the collector lends from its buffers")
         self._send("batch", (lane_start, index))
         self._in_flight += 1
 
@@ -172,12 +189,14 @@ class WriterProcess:
         self.shutdown()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Wait for the process to end (it ends after "close"), killing it if it does not."""
+        """Let the process end (after "close" it does; without, the pipe's end tells it
+        to), killing it if it does not within ``timeout``. Idempotent."""
+        self._conn.close()
         self._proc.join(timeout)
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join()
-        self._conn.close()
+        _LIVE.discard(self)
 
     # -- messaging ----------------------------------------------------------------------
     def _raise(self) -> None:
@@ -289,6 +308,11 @@ def writer_main(conn, settings: Settings, parent_pid: int) -> None:
             failed = True
             if not _send_error(conn, exc) or command == "close":
                 return
+
+
+def _where(batch) -> int:
+    """Which shared buffer ``batch`` is a view of: where its mask's memory starts."""
+    return batch.get(fmt.MASK_KEY).data_ptr()
 
 
 def _counters(writer) -> tuple[int, int, int]:

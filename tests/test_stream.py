@@ -215,3 +215,34 @@ def test_a_run_in_a_daemonic_process_writes_from_a_thread(tmp_path):
         frames = pool.apply(_run_in_pool_worker, (str(tmp_path / "ds.h5"),))
     assert frames == 600
     assert assert_consistent(tmp_path / "ds.h5")["frames"] == 600
+
+
+@pytest.mark.parametrize("device_path", [False, True], ids=["host-path", "device-path"])
+def test_the_writer_process_takes_the_batches_of_either_rollout_path(tmp_path, device_path):
+    """A native env's batches come from the host path or the device path (here on the
+    CPU: how CUDA runs fill them); both lend the shared buffers the writer maps."""
+    if not writer_process.available():
+        pytest.skip("a writer process needs Linux and two cores")
+
+    def native(**kw) -> SyncCollector:
+        make = env_factory("Pendulum-v1", 16, "native")
+        return SyncCollector(make, frames_per_batch=160, total_frames=800, seed=3, **kw)
+
+    direct, behind = tmp_path / "direct.h5", tmp_path / "behind.h5"
+    with native() as c:
+        rows = [b.clone() for b in c]
+    sink = writer_process.WriterProcess(settings("hdf5", behind), depth=2)
+    meta = {"env_id": "Pendulum-v1", "config": "env: Pendulum"}
+    sink.open(WriterSpec("hdf5", behind, {"metadata": meta, "lanes": 16}))
+    with native(return_same_td=True, batch_buffers=2, device_path=device_path) as c:
+        drive(sink, c)
+    sink.close("complete")
+    writer = WriterSpec("hdf5", direct, {"metadata": meta, "lanes": 16}).open()
+    for batch in rows:
+        writer.append(batch)
+        writer.commit()
+    writer.close()
+    a, b = read_all(direct), read_all(behind)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    assert assert_consistent(behind)["frames"] == 800
