@@ -217,7 +217,7 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
         return _resume(settings, device, storing_device, progress)
     check_output(settings.out, settings.overwrite)
 
-    with _writing_half(settings, storing_device) as sink:
+    with _writing_half(settings, device, storing_device) as sink:
         collector = build_collector(settings, device, storing_device)
         try:
             metadata = {
@@ -273,7 +273,7 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
         )
     remaining = -1 if settings.total_frames < 0 else max(0, settings.total_frames - done)
     options = {"metadata": {}, **_writer_options(settings)}
-    with _writing_half(settings, storing_device) as sink:
+    with _writing_half(settings, device, storing_device) as sink:
         sink.open(WriterSpec(settings.writer.name, settings.out, options, resume=True))
         try:
             collector = build_collector(
@@ -331,20 +331,27 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
             collector.shutdown()
 
 
-@contextmanager
-def _writing_half(settings: Settings, storing_device) -> Iterator:
-    """The sink a run writes through (``stream.WriteBehind``'s contract): a writer
-    process where one can run beside a single-process collector whose batches stay
-    in this machine's memory (``writer_process``), else this process's own writer
-    thread or inline writing. The process is forked here, before the collector
-    exists. A run that leaves without closing the dataset aborts it."""
+def writes_from_a_process(settings: Settings, device, storing_device) -> bool:
+    """Whether a run of ``settings`` writes from a writer process (see
+    :func:`_writing_half`)."""
     from collect_cli import writer_process
 
-    if (
-        settings.collector.name == "sync"
-        and storing_device.type == "cpu"
-        and writer_process.available()
-    ):
+    single = settings.collector.name == "sync"
+    on_cpu = device.type == storing_device.type == "cpu"
+    return single and on_cpu and writer_process.available()
+
+
+@contextmanager
+def _writing_half(settings: Settings, device, storing_device) -> Iterator:
+    """The sink a run writes through (``stream.WriteBehind``'s contract): a writer
+    process where one can run beside a single-process collector on the CPU
+    (``writer_process``), else this process's own writer thread or inline writing.
+    CUDA runs keep the thread: their host buffers are pinned for the copies from the
+    device, and a shared file is not. The process is forked here, before the
+    collector exists. A run that leaves without closing the dataset aborts it."""
+    from collect_cli import writer_process
+
+    if writes_from_a_process(settings, device, storing_device):
         sink = writer_process.WriterProcess(settings, depth=DEPTH)
     else:
         sink = WriteBehind(settings, depth=DEPTH)

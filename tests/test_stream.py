@@ -246,3 +246,21 @@ def test_the_writer_process_takes_the_batches_of_either_rollout_path(tmp_path, d
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
     assert assert_consistent(behind)["frames"] == 800
+
+
+@pytest.mark.parametrize(
+    ("overrides", "device", "storing", "process"),
+    [
+        ([], "cpu", "cpu", True),
+        (["env.backend=native"], "cpu", "cpu", True),
+        (["collector=multisync"], "cpu", "cpu", False),  # its main process only writes
+        ([], "cuda", "cpu", False),  # pinned host buffers: the writer thread
+        ([], "cpu", "cuda", False),  # batches on the device
+    ],
+)
+def test_which_runs_write_from_a_process(overrides, device, storing, process):
+    from collect_cli.run import writes_from_a_process
+
+    s = config.load(config.compose(overrides))
+    got = writes_from_a_process(s, torch.device(device), torch.device(storing))
+    assert got == (process and writer_process.available())
