@@ -244,17 +244,12 @@ class WriterProcess:
                 return payload
 
     def _gone(self) -> WriteError:
+        from collect_cli.collectors.multiprocess import exit_cause
+
         self._proc.join(1.0)
-        code = self._proc.exitcode
-        if code is not None and code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        else:
-            how = "is gone" if code is None else f"exited with code {code}"
         return WriteError(
-            f"the writer process (pid {self._proc.pid}) {how}: the dataset holds the "
+            f"the writer process (pid {self._proc.pid}) {exit_cause(self._proc.exitcode)}: "
+            "the dataset holds the "
             "batches committed before; resume=true continues it"
         )
 

@@ -55,7 +55,8 @@ def _shutdown_live() -> None:
             collector.shutdown()
 
 
-def _exit_cause(code: int | None) -> str:
+def exit_cause(code: int | None) -> str:
+    """How a child process ended, from its exit code, as the end of a sentence."""
     if code is None:
         return "is gone"
     if code < 0:
@@ -238,7 +239,7 @@ class _MultiCollector(CollectorBase):
                     proc = self._procs[index]
                     proc.join(0.1)
                     raise CollectionError(
-                        f"worker {index} (pid {proc.pid}) {_exit_cause(proc.exitcode)}"
+                        f"worker {index} (pid {proc.pid}) {exit_cause(proc.exitcode)}"
                     )
 
     def _expect(self, index: int, kind: str) -> Any:
