@@ -249,8 +249,7 @@ class WriterProcess:
         self._proc.join(1.0)
         return WriteError(
             f"the writer process (pid {self._proc.pid}) {exit_cause(self._proc.exitcode)}: "
-            "the dataset holds the "
-            "batches committed before; resume=true continues it"
+            "the dataset holds the batches committed before; resume=true continues it"
         )
 
 
