@@ -187,7 +187,7 @@ class WriteBehind:
 
     @property
     def next_traj_id(self) -> int:
-        return getattr(self.stream.writer, "next_traj_id", 0)
+        return self.stream.writer.next_traj_id
 
     def open(self, spec: WriterSpec) -> None:
         self.stream = Stream(self.settings, spec.open())

@@ -312,7 +312,7 @@ def _where(batch) -> int:
 def _counters(writer) -> tuple[int, int, int]:
     if writer is None:
         return 0, 0, 0
-    return writer.frames, writer.episodes, getattr(writer, "next_traj_id", 0)
+    return writer.frames, writer.episodes, writer.next_traj_id
 
 
 def _send_error(conn, exc: BaseException) -> bool:

@@ -340,6 +340,7 @@ class Writer(abc.ABC):
         self.steps = 0  # the longest lane's time steps
         self.frames = 0  # committed valid frames
         self.episodes = 0
+        self.next_traj_id = 0  # the first trajectory id a continuation may use (reopen)
         self.tracker: EpisodeTracker | None = None
         self._created = False
         self._closed = False
