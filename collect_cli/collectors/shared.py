@@ -4,6 +4,7 @@ process, or the main process and its writer process."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import mmap
 import os
 import tempfile
@@ -39,29 +40,32 @@ class SharedStores:
             key = key if isinstance(key, tuple) else (key,)
             leaves.append((key, value.dtype, tuple(value.shape), offset))
             offset += -(-value.numel() * value.element_size() // ALIGN) * ALIGN
-        stride = max(ALIGN, offset)
-        size = stride * count
+        shared = cls("", tuple(template.batch_size), tuple(leaves), count, max(ALIGN, offset))
         shm = "/dev/shm"
-        if not os.path.isdir(shm) or _free_bytes(shm) < 2 * size:
+        if not os.path.isdir(shm) or _free_bytes(shm) < 2 * shared.size:
             shm = None
         fd, path = tempfile.mkstemp(prefix="rlcollect-batches-", dir=shm)
         try:
             if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, size)
+                os.posix_fallocate(fd, 0, shared.size)
         except OSError:
             os.unlink(path)
             raise
         finally:
             os.close(fd)
-        return cls(path, tuple(template.batch_size), tuple(leaves), count, stride)
+        return dataclasses.replace(shared, path=path)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the file: all buffers."""
+        return self.stride * self.count
 
     def map(self) -> list:
         """The buffers, as TensorDicts over this process's mapping of the file."""
         import torch
         from tensordict import TensorDict
 
-        size = self.stride * self.count
-        data = torch.from_file(self.path, shared=True, size=size, dtype=torch.uint8)
+        data = torch.from_file(self.path, shared=True, size=self.size, dtype=torch.uint8)
         # its pages mapped now, not while the first batches are collected (numpy: a
         # process forked after torch's threads ran must not wake them, they are gone)
         data.numpy()[:: mmap.PAGESIZE] = 0
