@@ -11,6 +11,13 @@ other one in reverse order; each ratio is the median of the per-round ratios):
 - envpool: ``envpool.make_gymnasium(..., num_threads=2)`` stepped with uniform
   random actions drawn by torch (and, as an extra row, with one fixed action).
 
+With multisync in the matrix, a third reference, "two bare loops at once", runs
+the bare loop in two processes started together, half the frames each: what two
+processes step on this machine (on 2 cores often well under twice one loop;
+its CPU time includes the two interpreters' start-up). multisync / sync is
+given beside two bare loops / one, of the same rounds: the gain a second process
+brings rlcollect against the gain it brings the bare loop.
+
 An extra row, "TensorDict loop", is the bare loop with each observation wrapped
 in a TensorDict and rlcollect's own policy module (the reference of earlier
 records): the difference to the bare loop is the cost of that wrapping alone.
@@ -28,6 +35,7 @@ what a user's ``rlcollect run`` gets). Appends a dated record to RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import resource
 import shutil
@@ -51,15 +59,22 @@ import record
 PRESETS = {"Pendulum": "Pendulum-v1", "CartPole": "CartPole-v1"}
 MULTI_VS_SYNC = ("sync", "multisync")
 BARE = "bare gymnasium loop"
+PAIR = "two bare loops at once (2 processes)"
 ENVPOOL_LANES, ENVPOOL_THREADS = 256, 2
 
 
-def bare_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
-    """The loop a user writes: SyncVectorEnv and a plain torch MLP, storing nothing."""
+def bare_loop(
+    env_id: str, num_envs: int, policy_name: str, frames: int, window: list | None = None
+) -> float:
+    """The loop a user writes: SyncVectorEnv and a plain torch MLP, storing nothing.
+    ``window``: a barrier to pass once set up, and a list to put the timed loop's
+    ``(start, end)`` in (:func:`bare_pair`)."""
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * num_envs)
     obs, _ = envs.reset(seed=0)
     act = contenders.mlp_actor(envs.single_action_space, obs.shape[1])
     steps = -(-frames // num_envs)
+    if window is not None:
+        window[0].wait()
     start = time.perf_counter()
     with torch.no_grad():
         for _ in range(steps):
@@ -68,9 +83,35 @@ def bare_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> floa
             else:
                 action = act(torch.from_numpy(obs)).numpy()
             obs, *_ = envs.step(action)
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
+    if window is not None:
+        window[1].put((start, end))
     envs.close()
-    return steps * num_envs / seconds
+    return steps * num_envs / (end - start)
+
+
+def _one_thread_loop(*job) -> None:
+    torch.set_num_threads(1)
+    bare_loop(*job)
+
+
+def bare_pair(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
+    """Two bare loops at once, each in a process of its own with ``frames / 2``, timed
+    from the first start to the last end: what two processes can step on this
+    machine, the ceiling of a 2-worker collector (no rlcollect code in it). Each
+    runs on one torch thread, as rlcollect's workers do."""
+    ctx = mp.get_context("spawn")  # not forked: torch's threads may have run here
+    barrier, times = ctx.Barrier(2), ctx.SimpleQueue()
+    half = -(-frames // 2)
+    job = (env_id, num_envs, policy_name, half, [barrier, times])
+    procs = [ctx.Process(target=_one_thread_loop, args=job) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    spans = [times.get() for _ in procs]
+    for proc in procs:
+        proc.join()
+    steps = -(-half // num_envs)
+    return 2 * steps * num_envs / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 
 def tensordict_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
@@ -230,6 +271,8 @@ def main() -> None:
                 runs: dict[str, list[float]] = {}
                 job = (PRESETS[env], args.num_envs, policy, frames)
                 order = [(BARE, bare_loop, job)]
+                if "multisync" in args.collectors:
+                    order.append((PAIR, bare_pair, job))
                 if args.tensordict_loop:
                     order.append(("TensorDict loop (rlcollect's policy)", tensordict_loop, job))
                 for writer in args.writers:  # the collectors of one writer back to back
@@ -254,10 +297,12 @@ def main() -> None:
                     sync, multi = (runs.get(f"rlcollect {c}, {writer}") for c in MULTI_VS_SYNC)
                     if sync and multi:
                         ratios = [m / s for m, s in zip(multi, sync, strict=True)]
-                        pairs.append((env, policy, writer, ratios))
+                        scaling = [p / b for p, b in zip(runs[PAIR], runs[BARE], strict=True)]
+                        pairs.append((env, policy, writer, ratios, scaling))
                         print(
                             f"{env:9s} {policy:7s} multisync / sync, {writer}: "
                             f"{np.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})"
+                            f"; two bare loops / one: {np.median(scaling):.2f}x"
                         )
                 if args.contenders and contenders.available("torchrl"):
                     for workers in (0, 2):
@@ -332,13 +377,15 @@ def main() -> None:
     ]
     if pairs:
         lines += [
-            "\nmultisync x2 / sync, each round's two runs back to back:\n",
-            "| env | policy | writer | median of rounds | rounds |",
-            "|---|---|---|---:|---|",
+            "\nmultisync x2 / sync, each round's two runs back to back; beside it, what two "
+            "processes gained over one on the same rounds (two bare loops at once / one):\n",
+            "| env | policy | writer | median of rounds | rounds | two bare loops / one |",
+            "|---|---|---|---:|---|---:|",
         ]
         lines += [
-            f"| {e} | {p} | {w} | {np.median(r):.2f}x | {', '.join(f'{x:.2f}' for x in r)} |"
-            for e, p, w, r in pairs
+            f"| {e} | {p} | {w} | {np.median(r):.2f}x | {', '.join(f'{x:.2f}' for x in r)} "
+            f"| {np.median(c):.2f}x |"
+            for e, p, w, r, c in pairs
         ]
     lines += [f"\n{note}" for note in notes]
     record.append(lines)
