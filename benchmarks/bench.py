@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import resource
 import shutil
 import sys
@@ -67,14 +68,14 @@ def bare_loop(
     env_id: str, num_envs: int, policy_name: str, frames: int, window: list | None = None
 ) -> float:
     """The loop a user writes: SyncVectorEnv and a plain torch MLP, storing nothing.
-    ``window``: a barrier to pass once set up, and a list to put the timed loop's
-    ``(start, end)`` in (:func:`bare_pair`)."""
+    ``window``: a barrier to pass once set up, and a queue to put the timed loop's
+    ``(start, end)`` on (:func:`bare_pair`)."""
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * num_envs)
     obs, _ = envs.reset(seed=0)
     act = contenders.mlp_actor(envs.single_action_space, obs.shape[1])
     steps = -(-frames // num_envs)
     if window is not None:
-        window[0].wait()
+        window[0].wait(timeout=600)  # the other loop died: this one fails too
     start = time.perf_counter()
     with torch.no_grad():
         for _ in range(steps):
@@ -97,19 +98,31 @@ def _one_thread_loop(*job) -> None:
 
 def bare_pair(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
     """Two bare loops at once, each in a process of its own with ``frames / 2``, timed
-    from the first start to the last end: what two processes can step on this
-    machine, the ceiling of a 2-worker collector (no rlcollect code in it). Each
-    runs on one torch thread, as rlcollect's workers do."""
+    from the first start to the last end: what two processes of the bare loop step
+    on this machine (no rlcollect code in it). Each runs on one torch thread, as
+    rlcollect's workers do."""
     ctx = mp.get_context("spawn")  # not forked: torch's threads may have run here
-    barrier, times = ctx.Barrier(2), ctx.SimpleQueue()
+    barrier, times = ctx.Barrier(2), ctx.Queue()
     half = -(-frames // 2)
     job = (env_id, num_envs, policy_name, half, [barrier, times])
-    procs = [ctx.Process(target=_one_thread_loop, args=job) for _ in range(2)]
-    for proc in procs:
-        proc.start()
-    spans = [times.get() for _ in procs]
-    for proc in procs:
-        proc.join()
+    procs = [ctx.Process(target=_one_thread_loop, args=job, daemon=True) for _ in range(2)]
+    spans: list[tuple[float, float]] = []
+    try:
+        for proc in procs:
+            proc.start()
+        while len(spans) < len(procs):
+            try:
+                spans.append(times.get(timeout=1.0))
+            except queue.Empty:
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if failed:
+                    raise RuntimeError(f"a bare loop exited with code {failed[0]}") from None
+        for proc in procs:
+            proc.join()
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
     steps = -(-half // num_envs)
     return 2 * steps * num_envs / (max(e for _, e in spans) - min(s for s, _ in spans))
 
