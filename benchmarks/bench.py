@@ -69,7 +69,7 @@ def bare_loop(
 ) -> float:
     """The loop a user writes: SyncVectorEnv and a plain torch MLP, storing nothing.
     ``window``: a barrier to pass once set up, and a queue to put the timed loop's
-    ``(start, end)`` on (:func:`bare_pair`)."""
+    ``(start, end, frames)`` on (:func:`bare_pair`)."""
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * num_envs)
     obs, _ = envs.reset(seed=0)
     act = contenders.mlp_actor(envs.single_action_space, obs.shape[1])
@@ -86,7 +86,7 @@ def bare_loop(
             obs, *_ = envs.step(action)
     end = time.perf_counter()
     if window is not None:
-        window[1].put((start, end))
+        window[1].put((start, end, steps * num_envs))
     envs.close()
     return steps * num_envs / (end - start)
 
@@ -106,7 +106,7 @@ def bare_pair(env_id: str, num_envs: int, policy_name: str, frames: int) -> floa
     half = -(-frames // 2)
     job = (env_id, num_envs, policy_name, half, [barrier, times])
     procs = [ctx.Process(target=_one_thread_loop, args=job, daemon=True) for _ in range(2)]
-    spans: list[tuple[float, float]] = []
+    spans: list[tuple[float, float, int]] = []
     try:
         for proc in procs:
             proc.start()
@@ -123,8 +123,8 @@ def bare_pair(env_id: str, num_envs: int, policy_name: str, frames: int) -> floa
         for proc in procs:
             if proc.is_alive():
                 proc.terminate()
-    steps = -(-half // num_envs)
-    return 2 * steps * num_envs / (max(e for _, e in spans) - min(s for s, _ in spans))
+    starts, ends, stepped = zip(*spans, strict=True)
+    return sum(stepped) / (max(ends) - min(starts))
 
 
 def tensordict_loop(env_id: str, num_envs: int, policy_name: str, frames: int) -> float:
