@@ -18,6 +18,11 @@ its CPU time includes the two interpreters' start-up). multisync / sync is
 given beside two bare loops / one, of the same rounds: the gain a second process
 brings rlcollect against the gain it brings the bare loop.
 
+Diagnostic rows, "collector alone": rlcollect's sync and multisync collectors,
+built as ``rlcollect run`` builds them and iterated with nothing written; the
+pairs table gives multisync / sync of these too, so that a record shows how much
+of a shortfall is the collection's and how much the writing's.
+
 An extra row, "TensorDict loop", is the bare loop with each observation wrapped
 in a TensorDict and rlcollect's own policy module (the reference of earlier
 records): the difference to the bare loop is the cost of that wrapping alone.
@@ -62,6 +67,10 @@ MULTI_VS_SYNC = ("sync", "multisync")
 BARE = "bare gymnasium loop"
 PAIR = "two bare loops at once (2 processes)"
 ENVPOOL_LANES, ENVPOOL_THREADS = 256, 2
+
+
+def alone_name(collector: str) -> str:
+    return f"rlcollect {collector} collector alone (no writer)"
 
 
 def bare_loop(
@@ -195,6 +204,35 @@ def rlcollect(
     )
 
 
+def collector_alone(env: str, num_envs: int, policy: str, collector: str, frames: int) -> float:
+    """rlcollect's collector as ``rlcollect run`` builds it, iterated for ``frames``
+    frames with nothing written (not a reference: a diagnostic row, what writing
+    costs a run beside it)."""
+    from collect_cli import dataformat as fmt
+    from collect_cli.run import build_collector, resolve_device
+
+    settings = config.load(
+        config.compose(
+            [
+                f"env={env}",
+                f"collector={collector}",
+                f"env.num_envs={num_envs}",
+                f"policy={policy}",
+                f"total_frames={frames}",
+            ]
+        )
+    )
+    cpu = resolve_device("cpu")
+    collector_ = build_collector(settings, cpu, cpu)
+    try:
+        start = time.perf_counter()
+        got = sum(int(b.get(fmt.MASK_KEY).sum()) for _, b in collector_.iter_with_lanes())
+        seconds = time.perf_counter() - start
+    finally:
+        collector_.shutdown()
+    return got / seconds
+
+
 def cpu_seconds() -> float:
     """CPU time of this process and its reaped children (a multisync run's workers)."""
     me, kids = (
@@ -230,6 +268,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="TorchRL and Minari on the same job, when installed",
+    )
+    parser.add_argument(
+        "--collectors-alone",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="diagnostic rows: each collector iterated with nothing written",
     )
     parser.add_argument(
         "--envpool",
@@ -271,7 +315,7 @@ def main() -> None:
             us = float(np.median(cpu.pop(name)))
             rows.append((env, policy, name, fps, ratio, us))
             print(
-                f"{env:9s} {policy:7s} {name:40s} {fps:10.0f} frames/s  ({ratio:.2f}x bare)"
+                f"{env:9s} {policy:7s} {name:48s} {fps:10.0f} frames/s  ({ratio:.2f}x bare)"
                 f"  {us:6.1f} CPU us/frame"
             )
 
@@ -288,6 +332,10 @@ def main() -> None:
                     order.append((PAIR, bare_pair, job))
                 if args.tensordict_loop:
                     order.append(("TensorDict loop (rlcollect's policy)", tensordict_loop, job))
+                if args.collectors_alone:
+                    for collector in args.collectors:
+                        alone = (env, args.num_envs, policy, collector, frames)
+                        order.append((alone_name(collector), collector_alone, alone))
                 for writer in args.writers:  # the collectors of one writer back to back
                     for collector in args.collectors:
                         name = f"rlcollect {collector}, {writer}"
@@ -311,11 +359,22 @@ def main() -> None:
                     if sync and multi:
                         ratios = [m / s for m, s in zip(multi, sync, strict=True)]
                         scaling = [p / b for p, b in zip(runs[PAIR], runs[BARE], strict=True)]
-                        pairs.append((env, policy, writer, ratios, scaling))
+                        alone = [runs.get(alone_name(c)) for c in MULTI_VS_SYNC]
+                        unwritten = (
+                            [m / s for m, s in zip(alone[1], alone[0], strict=True)]
+                            if all(alone)
+                            else None
+                        )
+                        pairs.append((env, policy, writer, ratios, scaling, unwritten))
                         print(
                             f"{env:9s} {policy:7s} multisync / sync, {writer}: "
                             f"{np.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})"
                             f"; two bare loops / one: {np.median(scaling):.2f}x"
+                            + (
+                                f"; collectors alone: {np.median(unwritten):.2f}x"
+                                if unwritten
+                                else ""
+                            )
                         )
                 if args.contenders and contenders.available("torchrl"):
                     for workers in (0, 2):
@@ -391,14 +450,17 @@ def main() -> None:
     if pairs:
         lines += [
             "\nmultisync x2 / sync, each round's two runs back to back; beside it, what two "
-            "processes gained over one on the same rounds (two bare loops at once / one):\n",
-            "| env | policy | writer | median of rounds | rounds | two bare loops / one |",
-            "|---|---|---|---:|---|---:|",
+            "processes gained over one on the same rounds (two bare loops at once / one), "
+            "and multisync's collector over sync's with nothing written (collectors "
+            "alone):\n",
+            "| env | policy | writer | median of rounds | rounds | two bare loops / one "
+            "| collectors alone |",
+            "|---|---|---|---:|---|---:|---:|",
         ]
         lines += [
             f"| {e} | {p} | {w} | {np.median(r):.2f}x | {', '.join(f'{x:.2f}' for x in r)} "
-            f"| {np.median(c):.2f}x |"
-            for e, p, w, r, c in pairs
+            f"| {np.median(c):.2f}x | {'' if a is None else f'{np.median(a):.2f}x'} |"
+            for e, p, w, r, c, a in pairs
         ]
     lines += [f"\n{note}" for note in notes]
     record.append(lines)
