@@ -191,17 +191,20 @@ def rlcollect(
 ) -> float:
     """A full ``rlcollect run``: collector, episodes table, writer, commits."""
     return record.run_frames_per_s(
-        [
-            f"env={env}",
-            f"collector={collector}",
-            f"env.num_envs={num_envs}",
-            f"policy={policy}",
-            f"writer={writer}",
-            f"total_frames={frames}",
-            f"out={out}",
-            *extra,
-        ]
-    )
+        [*job_overrides(env, num_envs, policy, collector, frames), f"writer={writer}",
+         f"out={out}", *extra]
+    )  # fmt: skip
+
+
+def job_overrides(env: str, num_envs: int, policy: str, collector: str, frames: int) -> list[str]:
+    """The config overrides of one job, shared by the rlcollect rows."""
+    return [
+        f"env={env}",
+        f"collector={collector}",
+        f"env.num_envs={num_envs}",
+        f"policy={policy}",
+        f"total_frames={frames}",
+    ]
 
 
 def collector_alone(env: str, num_envs: int, policy: str, collector: str, frames: int) -> float:
@@ -211,17 +214,7 @@ def collector_alone(env: str, num_envs: int, policy: str, collector: str, frames
     from collect_cli import dataformat as fmt
     from collect_cli.run import build_collector, resolve_device
 
-    settings = config.load(
-        config.compose(
-            [
-                f"env={env}",
-                f"collector={collector}",
-                f"env.num_envs={num_envs}",
-                f"policy={policy}",
-                f"total_frames={frames}",
-            ]
-        )
-    )
+    settings = config.load(config.compose(job_overrides(env, num_envs, policy, collector, frames)))
     cpu = resolve_device("cpu")
     collector_ = build_collector(settings, cpu, cpu)
     try:
