@@ -138,7 +138,13 @@ def _frames_and_episodes(ds, meta: dict, notes: list[str]) -> list[str]:
         problems.append(f"{int((traj[padding] != -1).sum())} padding frames have a traj_id != -1")
     if (traj[valid] < 0).any():
         problems.append(f"{int((traj[valid] < 0).sum())} valid frames have a negative traj_id")
-    if not (done[valid] == (term[valid] | trunc[valid])).all():
+    agree = done == (term | trunc)
+    running = meta["status"] == fmt.RUNNING
+    if running:  # durability D13: a kill while cuts were flagged (truncated goes first)
+        tail_at = fmt.last_valid(valid, fmt.lane_steps(meta))  # each lane's last frame
+        tail = np.where(tail_at >= 0, traj[np.arange(lanes), np.maximum(tail_at, 0)], -2)
+        agree |= (traj == tail[:, None]) & trunc & ~done & ~term
+    if not agree[valid].all():
         problems.append("next/done differs from next/terminated | next/truncated")
     if ds.compact:
         problems += _compact(ds, meta, traj, valid, done)
@@ -194,17 +200,15 @@ def _frames_and_episodes(ds, meta: dict, notes: list[str]) -> list[str]:
     unflagged = ~complete & ~flagged[end_lane, end_time] & meta.get("reset_when_done", True)
     unflagged &= meta["format_version"] >= fmt.FLAGGED_CUTS_SINCE
     missing = np.setdiff1d(unique, ep["traj_id"])
-    if meta["status"] == fmt.RUNNING:
+    if running:
         # a killed run has not yet recorded (nor flagged) the trajectory of each lane
         # that the kill cut: resume=true does both
-        last = fmt.last_valid(valid, fmt.lane_steps(meta))
-        tails = {int(traj[lane, t]) for lane, t in enumerate(last.tolist()) if t >= 0}
+        tails = {int(traj[lane, t]) for lane, t in enumerate(tail_at.tolist()) if t >= 0}
         missing = np.array([m for m in missing.tolist() if m not in tails])
-        cut = sum(1 for lane, t in enumerate(last.tolist()) if t >= 0 and not done[lane, t])
+        cut = sum(1 for lane, t in enumerate(tail_at.tolist()) if t >= 0 and not done[lane, t])
         if cut:
             notes.append(
-                f"{cut} trajectories cut by the kill end without next/truncated: "
-                "resume=true flags them"
+                f"{cut} trajectories cut by the kill end without next/done: resume=true flags them"
             )
         unflagged &= ~np.isin(ep["traj_id"], list(tails))
     if unflagged.any():

@@ -37,6 +37,7 @@ LAYERS = [
             "collect_cli.writers.base",
             "collect_cli.writers.episodes",
             "collect_cli.writers.hdf5",
+            "collect_cli.writers.hdf5_file",
             "collect_cli.writers.memmap",
         },
     ),

@@ -143,7 +143,7 @@ def test_kill_at_each_write_of_hdf5_commits_leaves_a_sound_file(tmp_path):
     from collect_cli.validate import validate
 
     args = ["env=Pendulum", "total_frames=-1", "frames_per_batch=200", "writer=hdf5"]
-    points = list(range(90, 150, 5))
+    points = list(range(150, 250, 7))  # the first commit ends near write 110, then ~40 each
     status = kill_runs(tmp_path, points, [*args, "progress=none"])
     assert all(status[k] in CUT for k in points)  # every run was cut
     bad = {k: validate(tmp_path / f"k{k}.h5") for k in points}
@@ -163,7 +163,7 @@ def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
     args = ["env=Pendulum", "total_frames=600", "frames_per_batch=200", "writer=hdf5"]
     args.append("progress=none")
     writes = kill_runs(tmp_path, [0], args)[0]
-    points = [*range(1, 60, 2), *range(writes - 14, writes + 1)]
+    points = [*range(1, 120, 4), *range(writes - 40, writes + 1, 2)]  # published near 110
     status = kill_runs(tmp_path, points, args)
     published = {}
     for k in points:
@@ -193,7 +193,7 @@ def test_kill_at_writes_of_a_split_trajs_hdf5_run_leaves_a_sound_file(tmp_path):
 
     args = ["env=Pendulum", "total_frames=3200", "frames_per_batch=200", "split_trajs=true"]
     args += ["writer=hdf5", "progress=none"]
-    points = list(range(20, 200, 7))  # the whole run (its writes: about 190)
+    points = list(range(20, 240, 8))  # the whole run (its writes: about 235)
     status = kill_runs(tmp_path, points, args)
     lanes = []
     for k in points:

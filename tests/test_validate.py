@@ -144,3 +144,34 @@ def test_text_stored_as_numbers_fails(cli, dataset, backend):
     res = cli("validate", str(dataset))
     assert res.code == 1
     assert "'observation' is Text in the observation space but stored as float32" in res.stdout
+
+
+@pytest.mark.parametrize("backend", ["hdf5"])
+def test_a_cut_half_flagged_by_a_killed_close_passes_only_as_truncated_at_a_lane_end(dataset):
+    """Closing flags each lane's cut trajectory, next/truncated first, then next/done:
+    a kill between the two leaves a running dataset whose lane ends have the first
+    alone, which resume=true completes. Nothing else half-flagged passes."""
+    from collect_cli.validate import check
+    from collect_cli.writers.hdf5 import RootAttrs
+
+    with h5py.File(dataset, "r+") as f:
+        RootAttrs(f).store({"status": "running"})
+        ep = {k: f[f"episodes/{k}"][()] for k in ("lane", "start", "length", "complete")}
+        cut = np.flatnonzero(~ep["complete"])
+        ends = [(int(ep["lane"][r]), int(ep["start"][r] + ep["length"][r] - 1)) for r in cut]
+        for lane, t in ends:
+            f["next/done"][lane, t, 0] = False  # next/truncated written, next/done not yet
+        done = f["next/done"][()]
+    problems, notes = check(dataset)
+    assert problems == [] and any(f"{len(cut)} trajectories cut by the kill" in n for n in notes)
+
+    lane, t = ends[0]
+    with h5py.File(dataset, "r+") as f:  # done without truncated: never written so
+        f["next/done"][lane, t, 0], f["next/truncated"][lane, t, 0] = True, False
+    assert "next/done differs from next/terminated | next/truncated" in validate(dataset)
+    with h5py.File(dataset, "r+") as f:
+        f["next/done"][lane, t, 0], f["next/truncated"][lane, t, 0] = False, True
+        t = int(np.flatnonzero(done[lane, :t, 0])[-1]) - 1  # inside an earlier episode
+        assert not done[lane, t, 0]
+        f["next/truncated"][lane, t, 0] = True  # as if cut: but not the lane's last trajectory
+    assert "next/done differs from next/terminated | next/truncated" in validate(dataset)

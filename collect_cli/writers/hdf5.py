@@ -26,6 +26,7 @@ from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, Rows
 from collect_cli.errors import ConfigError, OutputError, WriteError
 from collect_cli.writers.base import Writer, contiguous, drop_behind, start_write_back
+from collect_cli.writers.hdf5_file import HDF5_SIGNATURE, CommitOrderedFile
 
 JSON_ATTRS = (
     "observation_space",
@@ -117,18 +118,16 @@ def lane_reading_cache(path: Path, steps: int) -> dict[str, Any]:
     return hash_slots(min(READ_CACHE_MAX, need), smallest)
 
 
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-
-
 # durability D8 (docs/durability.md)
-def eoa_field(fd: int) -> int | None:
-    """File offset of the superblock's end-of-allocation address (EOA), for the
-    superblock versions without a checksum (0 and 1: what h5py writes by default);
-    None for others."""
-    head = os.pread(fd, 16, 0)
+def allocated_end(fd: int) -> int:
+    """The end of allocated space (EOA) the superblock records: the committed part of
+    a file being reopened (a killed run wrote past it only what no commit counted).
+    The file's size for superblock versions other than 0 and 1 (h5py's default)."""
+    head = os.pread(fd, 48, 0)
     if head[:8] != HDF5_SIGNATURE or head[8] not in (0, 1) or head[13] != 8:
-        return None
-    return 40 if head[8] == 0 else 44  # version 1 has 4 more bytes before it
+        return os.fstat(fd).st_size
+    at = 40 if head[8] == 0 else 44  # version 1 has 4 more bytes before it
+    return struct.unpack_from("<Q", head, at)[0]
 
 
 class Block:
@@ -514,7 +513,7 @@ class Hdf5Writer(Writer):
         self._episodes: dict[str, Block] = {}
         self._finals: dict[tuple[str, ...], Block] = {}
         self._fd: int | None = None
-        self._eoa_at: int | None = None
+        self._io: CommitOrderedFile | None = None
         self._behind = (0, 0)  # the file's bytes the last write-back started writing out
         self._reserved = 0
         self._seq = 0  # commits made (the last commit record's number)
@@ -537,8 +536,9 @@ class Hdf5Writer(Writer):
 
     # durability D1 (docs/durability.md)
     def _open(self) -> None:
-        self._file = h5py.File(self.path, "w", locking=False)
-        self._fd = os.open(self.path, os.O_RDWR)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+        self._io = CommitOrderedFile(self._fd)
+        self._file = h5py.File(self._io, "w", locking=False)
         self._reserve(0)
         self._attrs = RootAttrs(self._file)
         self._attrs.store(self.meta)
@@ -552,17 +552,16 @@ class Hdf5Writer(Writer):
         # that writes them both writes the header pointing to the index first. So
         # the index is made here, in the file not yet renamed into place: one row
         # written, flushed, and cut again (an empty index stays).
-        self._file.flush()
+        self._flush()
         for block in self._episodes.values():
             block.resize(0, axis=0)
-        self._file.flush()
-        self._eoa_at = eoa_field(self._fd)
+        self._flush()
         self._behind = (self._file.id.get_filesize(),) * 2  # what is before: never dropped
 
     def _reopen(self) -> dict[str, Any]:
-        self._file = h5py.File(self.path, "r+", locking=False)
         self._fd = os.open(self.path, os.O_RDWR)
-        self._eoa_at = eoa_field(self._fd)
+        self._io = CommitOrderedFile(self._fd, committed=allocated_end(self._fd))
+        self._file = h5py.File(self._io, "r+", locking=False)
         self._reserved = os.fstat(self._fd).st_size
         self._behind = (self._file.id.get_filesize(),) * 2
         self._attrs = RootAttrs(self._file)
@@ -618,6 +617,9 @@ class Hdf5Writer(Writer):
         for t in np.unique(times).tolist():  # one write per time step: lanes in a row
             at = np.unique(lanes[times == t]).tolist()
             ds[at if len(at) > 1 else at[0], t] = True
+        # durability D13: on disk before the next key's (next/truncated before next/done),
+        # so that a kill between them leaves a cut not yet flagged done, as memmap's does
+        self._flush()
 
     def _check_rows(self, lanes: int) -> None:
         """Rows (split_trajs: one an episode) past :data:`MAX_LANES` stop the run
@@ -703,18 +705,11 @@ class Hdf5Writer(Writer):
 
     # durability D8 (docs/durability.md)
     def _flush(self) -> None:
-        """``H5Fflush``, safe against a kill in its middle. HDF5 allocates the chunks
-        it holds in its cache during the flush and writes the superblock, which
-        records the end of allocated space (EOA), after the other metadata: a kill
-        between the two left chunk-index nodes pointing past the recorded EOA, and
-        their datasets unreadable ("addr overflow"). So the EOA is written first,
-        as the file's size: the space reserved ahead (``_reserve``) holds whatever
-        the flush allocates, and HDF5 refuses a file shorter than its EOA. A clean
-        flush then records HDF5's own EOA; after a kill, a resumed run allocates
-        after the reserved tail."""
-        if self._eoa_at is not None:
-            os.pwrite(self._fd, struct.pack("<Q", os.fstat(self._fd).st_size), self._eoa_at)
+        """``H5Fflush``, then the file's held writes in an order a kill cannot break
+        (``hdf5_file``): HDF5's own order left B-tree parents pointing at nodes not
+        yet written."""
         self._file.flush()
+        self._io.commit()
 
     def _write_back(self) -> None:
         # the file's part the last write-back started has had a batch's time to reach
@@ -726,14 +721,19 @@ class Hdf5Writer(Writer):
 
     # durability D11 (docs/durability.md)
     def _close(self) -> None:
-        if self._file is None:
+        if self._file is None:  # nothing to write (or h5py could not make the file)
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
             return
         self._flush()
         used = self._file.id.get_filesize()  # HDF5's end of allocated space
         if self._attrs is not None:
             self._attrs.release()
-        self._file.close()
+        self._file.close()  # writes the superblock once more
         self._file = None
+        self._io.commit()
+        self._io = None
         if os.fstat(self._fd).st_size > used:
             os.ftruncate(self._fd, used)  # give back the space reserved ahead
         os.fsync(self._fd)  # durable across power loss once closed

@@ -14,7 +14,7 @@ from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.errors import ConfigError, WriteError
 from collect_cli.validate import validate
-from collect_cli.writers import base, make_writer, open_dataset
+from collect_cli.writers import base, hdf5_file, make_writer, open_dataset
 from collect_cli.writers.hdf5 import (
     COMMIT_SLOTS,
     MAX_LANES,
@@ -371,3 +371,60 @@ def test_write_back_drops_the_chunks_the_last_one_wrote_out(tmp_path, monkeypatc
     whole = torch.cat(batches, 1)
     for key in ("observation", ("next", "observation"), ("next", "reward"), "action"):
         assert torch.equal(torch.as_tensor(np.asarray(td.get(key))), whole.get(key)), key
+
+
+def test_a_kill_at_any_write_of_splitting_commits_or_of_closing_keeps_a_whole_commit(
+    tmp_path, monkeypatch
+):
+    """Every chunk of a key is an entry of its chunk B-tree; ``chunk_frames=4`` makes
+    each batch add 15, so commits split nodes (the root at the fifth batch, then
+    leaves), and closing flags the cut trajectories in chunks of several datasets.
+    Every write the writer makes is recorded, and the file a kill just before each
+    write of those commits and of closing would leave (the writes before it: a
+    killed process's writes stay in the page cache) must validate, with the frames
+    of a whole commit, equal to those written. HDF5's own order wrote a split's
+    parent before the new node it points to ("wrong B-tree signature"), and one
+    flush wrote next/done and next/truncated of a cut in either order."""
+    with SyncCollector(env_factory("CartPole-v1", 3), frames_per_batch=60, total_frames=600) as c:
+        batches = list(c)
+    writes: list[tuple[int, bytes]] = []
+    real = hdf5_file._pwrite
+
+    def recording(fd, data, at):
+        writes.append((at, bytes(data)))
+        real(fd, data, at)
+
+    monkeypatch.setattr(hdf5_file, "_pwrite", recording)
+    path = tmp_path / "split.h5"
+    w = make_writer("hdf5", path, metadata=META, chunk_frames=4).open()
+    commits = []  # (writes made when the commit returned, frames it counted)
+    for b in batches:
+        w.append(b)
+        w.commit()
+        commits.append((len(writes), w.frames))
+    w.close()
+    monkeypatch.undo()
+    with h5py.File(path, "r") as f:
+        obs = f["observation"][()]
+
+    seen, splits = set(), []
+    for i in range(1, len(commits)):
+        start, end = commits[i - 1][0], commits[i][0]
+        if {at for at, data in writes[start:end] if data[:4] == b"TREE"} - seen:
+            splits.append(i)
+        seen |= {at for at, data in writes[:end] if data[:4] == b"TREE"}
+    assert len(splits) >= 2, splits  # the root's split, and a leaf's
+    ranges = [range(commits[i - 1][0], commits[i][0]) for i in splits]
+    ranges.append(range(commits[-1][0], len(writes) + 1))  # closing
+    size = max(at + len(data) for at, data in writes)
+    image = tmp_path / "killed.h5"
+    for k in (k for r in ranges for k in r):
+        disk = bytearray(size)
+        for at, data in writes[:k]:
+            disk[at : at + len(data)] = data
+        image.write_bytes(disk)
+        assert validate(image) == [], k
+        frames = read_meta(image)["frames"]
+        assert frames in {n for _, n in commits}, k
+        with h5py.File(image, "r") as f:
+            np.testing.assert_array_equal(f["observation"][:, : frames // 3], obs[:, : frames // 3])

@@ -1,0 +1,253 @@
+"""The HDF5 writer's file: HDF5's writes ordered so that a kill at any moment leaves
+the last commit readable (durability D8, docs/durability.md).
+
+HDF5 writes a flush's dirty metadata in increasing address order, and outside
+SWMR mode it puts no child before its parent. When a chunk B-tree node splits,
+the new node is placed at the end of the file, above the parent that gains a
+pointer to it, so the parent was written first: a kill between the two writes
+left the parent pointing at an unwritten node, and the dataset unreadable.
+
+:class:`CommitOrderedFile` is the file object h5py's ``fileobj`` driver hands
+every read and write of HDF5 to. It keeps one rule: **what the last commit left
+on disk changes only inside** :meth:`CommitOrderedFile.commit`, and there in an
+order that keeps it readable after every single write.
+
+================================  ==============================================
+HDF5 writes to                    what happens
+================================  ==============================================
+space no commit wrote (a new      written at once: nothing committed points there
+chunk, a new B-tree node)         yet, so a kill leaves it unused
+committed content (a node that    held in memory (reads see it) until ``commit``
+gains an entry, an object header,
+the superblock, a chunk rewritten
+in place)
+``commit()``                      writes what is held: everything but B-tree
+                                  nodes first, in address order (the superblock
+                                  with the new end of allocation, dataset
+                                  extents, chunks rewritten in place); then the
+                                  nodes no committed node points to (roots, and
+                                  new nodes HDF5 put in space it freed), from
+                                  the leaves up; then the others from the root
+                                  down
+================================  ==============================================
+
+So a parent points to a new node only once that node is on disk, and a node a
+split shrank is rewritten only after its parent points to the new node that took
+part of its entries (a kill in between leaves those entries reachable from the
+parent through the new node, and stale copies in the old one that lookups do not
+reach). What a kill cuts is never worse than losing the commit in progress.
+Whether a node is new is read from the committed images of the nodes rewritten
+(their children): HDF5 reuses space it freed (the writer frees the episodes'
+first chunks before its first commit), so a new node can lie where committed
+content was.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+TREE = b"TREE"  # a version-1 B-tree node's signature; then its type, level, entries used
+NODE_HEAD = 24  # signature, type, level, entries used, left and right sibling addresses
+
+
+def node_entries(superblock: bytes) -> dict[int, int]:
+    """Entries (2K) a version-1 B-tree node of each type holds (0: groups, 1: chunks),
+    as superblock versions 0 and 1 record them; HDF5's defaults for other versions."""
+    group_k, chunk_k = 16, 32
+    if superblock[:8] == HDF5_SIGNATURE and superblock[8] in (0, 1):
+        group_k = int.from_bytes(superblock[18:20], "little")
+        if superblock[8] == 1:
+            chunk_k = int.from_bytes(superblock[24:26], "little")
+    return {0: 2 * group_k, 1: 2 * chunk_k}
+
+
+def is_node(image: bytes | bytearray) -> bool:
+    return image[:4] == TREE and len(image) > NODE_HEAD
+
+
+def children(image: bytes, entries: dict[int, int]) -> set[int]:
+    """The child addresses an internal node's image lists (none for leaves, whose
+    children are chunks or symbol tables, or for an image of unexpected size)."""
+    slots = entries.get(image[4])
+    if image[5] == 0 or slots is None:
+        return set()
+    # key, child, key, child, ..., key: the key size follows from the node's size
+    key, rest = divmod(len(image) - NODE_HEAD - 8 * slots, slots + 1)
+    if rest or key <= 0:
+        return set()
+    used = min(int.from_bytes(image[6:8], "little"), slots)
+    first = NODE_HEAD + key
+    return {
+        int.from_bytes(image[at : at + 8], "little")
+        for at in range(first, first + used * (key + 8), key + 8)
+    }
+
+
+class Extents:
+    """Sorted, disjoint byte ranges ``[start, end)``, merged as they are added."""
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def add(self, start: int, end: int) -> None:
+        starts, ends = self.starts, self.ends
+        if starts and start >= starts[-1]:  # the usual case: at or after the last range
+            if start <= ends[-1]:
+                ends[-1] = max(ends[-1], end)
+            else:
+                starts.append(start)
+                ends.append(end)
+            return
+        lo = bisect.bisect_left(ends, start)  # the first range that ends at or after start
+        hi = bisect.bisect_right(starts, end)  # past the last range that starts at or before end
+        if lo < hi:
+            start, end = min(start, starts[lo]), max(end, ends[hi - 1])
+        starts[lo:hi] = [start]
+        ends[lo:hi] = [end]
+
+    def overlaps(self, start: int, end: int) -> bool:
+        i = bisect.bisect_right(self.starts, start) - 1
+        if i >= 0 and self.ends[i] > start:
+            return True
+        return i + 1 < len(self.starts) and self.starts[i + 1] < end
+
+
+class CommitOrderedFile:
+    """A file descriptor as the Python file object h5py's ``fileobj`` driver needs
+    (``seek``, ``tell``, ``read``, ``write``, ``truncate``, ``flush``), with the
+    rule above. ``committed`` is how many bytes from the start hold committed
+    content when an existing file is reopened (its superblock's end of
+    allocation); 0 for a new file.
+
+    Its end of file is HDF5's, as the ``sec2`` driver keeps it (the end of what
+    was written, or of the last truncation), not the file's size: the writer
+    reserves space past it (D9), and HDF5's truncation at each flush is not let
+    shrink the file (the writer does at close)."""
+
+    def __init__(self, fd: int, committed: int = 0) -> None:
+        self.fd = fd
+        self._pos = 0
+        self._end = os.fstat(fd).st_size
+        self._committed = Extents()
+        if committed:
+            self._committed.add(0, committed)
+        self._fresh: list[tuple[int, int]] = []  # written since the last commit, at once
+        self._held: dict[int, bytearray] = {}  # over committed content: start -> bytes
+        self._held_at: list[int] = []  # their starts, sorted
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._end}[whence]
+        self._pos = base + pos
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int) -> bytes:
+        start = self._pos
+        data = os.pread(self.fd, size, start)
+        if len(data) < size:  # past the end: zeros, as the sec2 driver reads them
+            data += bytes(size - len(data))
+        self._pos = start + size
+        if not self._held_at:
+            return data
+        out = None
+        for at in self._overlapping(start, start + size):
+            held = self._held[at]
+            lo, hi = max(at, start), min(at + len(held), start + size)
+            out = bytearray(data) if out is None else out
+            out[lo - start : hi - start] = held[lo - at : hi - at]
+        return data if out is None else bytes(out)
+
+    def write(self, data: bytearray) -> int:
+        start, size = self._pos, len(data)
+        end = start + size
+        self._pos = end
+        self._end = max(self._end, end)
+        if self._committed.overlaps(start, end):
+            self._hold(start, bytearray(data) if not isinstance(data, bytearray) else data)
+        else:
+            _pwrite(self.fd, data, start)
+            self._fresh.append((start, end))
+        return size
+
+    def truncate(self, size: int) -> int:
+        if size > os.fstat(self.fd).st_size:
+            os.ftruncate(self.fd, size)
+        self._end = size
+        return size
+
+    def flush(self) -> None:
+        """HDF5 calls this at the end of each flush; :meth:`commit` is called by the writer."""
+
+    def commit(self) -> None:
+        """Write what is held, in the order of the module's rule; what HDF5 wrote since
+        the last commit is committed content from now on."""
+        held = self._held
+        nodes = {at: data for at, data in held.items() if is_node(data)}
+        entries = node_entries(os.pread(self.fd, 32, 0))
+        pointed = set()  # nodes a committed node points to
+        for at, data in nodes.items():
+            committed = os.pread(self.fd, len(data), at)
+            if is_node(committed):
+                pointed |= children(committed, entries)
+        level = {at: data[5] for at, data in nodes.items()}
+        order = sorted(at for at in held if at not in nodes)
+        order += sorted((at for at in nodes if at not in pointed), key=lambda at: (level[at], at))
+        order += sorted((at for at in nodes if at in pointed), key=lambda at: (-level[at], at))
+        for at in order:
+            _pwrite(self.fd, held[at], at)
+        for at in order:
+            self._committed.add(at, at + len(held[at]))
+        for start, end in self._fresh:
+            self._committed.add(start, end)
+        self._fresh.clear()
+        self._held.clear()
+        self._held_at.clear()
+
+    @property
+    def holding(self) -> int:
+        """Bytes held for the next commit."""
+        return sum(map(len, self._held.values()))
+
+    def _overlapping(self, start: int, end: int) -> list[int]:
+        """Starts of the held writes that overlap ``[start, end)``."""
+        at = self._held_at
+        i = bisect.bisect_right(at, start) - 1
+        if i < 0 or at[i] + len(self._held[at[i]]) <= start:
+            i += 1
+        j = i
+        while j < len(at) and at[j] < end:
+            j += 1
+        return at[i:j]
+
+    def _hold(self, start: int, data: bytearray) -> None:
+        hits = self._overlapping(start, start + len(data))
+        if len(hits) == 1 and hits[0] == start and len(self._held[start]) == len(data):
+            self._held[start] = data  # the same metadata entry written again: the usual case
+            return
+        if hits:  # merge with what it overlaps, the newer bytes on top
+            lo = min(start, hits[0])
+            hi = max(start + len(data), max(at + len(self._held[at]) for at in hits))
+            merged = bytearray(hi - lo)
+            for at in hits:
+                held = self._held.pop(at)
+                merged[at - lo : at - lo + len(held)] = held
+            merged[start - lo : start - lo + len(data)] = data
+            i = bisect.bisect_left(self._held_at, hits[0])
+            del self._held_at[i : i + len(hits)]
+            start, data = lo, merged
+        self._held[start] = data
+        bisect.insort(self._held_at, start)
+
+
+def _pwrite(fd: int, data: bytes | bytearray | memoryview, at: int) -> None:
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, at)
+        view, at = view[done:], at + done
