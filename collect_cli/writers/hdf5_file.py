@@ -111,6 +111,8 @@ class Extents:
         ends[lo:hi] = [end]
 
     def overlaps(self, start: int, end: int) -> bool:
+        if not self.ends or start >= self.ends[-1]:  # past the end: new space, the usual case
+            return False
         i = bisect.bisect_right(self.starts, start) - 1
         if i >= 0 and self.ends[i] > start:
             return True
@@ -141,9 +143,10 @@ class CommitOrderedFile:
         self._held_at: list[int] = []  # their starts, sorted
 
     def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._end}[whence]
-        self._pos = base + pos
-        return self._pos
+        if whence:  # h5py seeks to an address before each read and write, and to the end
+            pos += self._pos if whence == os.SEEK_CUR else self._end
+        self._pos = pos
+        return pos
 
     def tell(self) -> int:
         return self._pos
@@ -165,12 +168,16 @@ class CommitOrderedFile:
         return data if out is None else bytes(out)
 
     def write(self, data: bytearray) -> int:
+        # this runs for each of HDF5's writes (~60 a commit): the usual cases first
         start, size = self._pos, len(data)
-        end = start + size
-        self._pos = end
-        self._end = max(self._end, end)
-        if self._committed.overlaps(start, end):
-            self._hold(start, bytearray(data) if not isinstance(data, bytearray) else data)
+        end = self._pos = start + size
+        if end > self._end:
+            self._end = end
+        held = self._held.get(start)
+        if held is not None and len(held) == size:  # the same entry again (no other overlaps)
+            self._held[start] = data if isinstance(data, bytearray) else bytearray(data)
+        elif self._committed.overlaps(start, end):
+            self._hold(start, data if isinstance(data, bytearray) else bytearray(data))
         else:
             _pwrite(self.fd, data, start)
             self._fresh.append((start, end))
@@ -190,12 +197,13 @@ class CommitOrderedFile:
         the last commit is committed content from now on."""
         held = self._held
         nodes = {at: data for at, data in held.items() if is_node(data)}
-        entries = node_entries(os.pread(self.fd, 32, 0))
-        pointed = set()  # nodes a committed node points to
-        for at, data in nodes.items():
-            committed = os.pread(self.fd, len(data), at)
-            if is_node(committed):
-                pointed |= children(committed, entries)
+        pointed: set[int] = set()  # nodes a committed node points to
+        if nodes:
+            entries = node_entries(os.pread(self.fd, 32, 0))
+            for at, data in nodes.items():
+                head = os.pread(self.fd, 6, at)  # a committed leaf points to no node
+                if head[:4] == TREE and head[5] > 0:
+                    pointed |= children(os.pread(self.fd, len(data), at), entries)
         level = {at: data[5] for at, data in nodes.items()}
         order = sorted(at for at in held if at not in nodes)
         order += sorted((at for at in nodes if at not in pointed), key=lambda at: (level[at], at))
@@ -247,7 +255,8 @@ class CommitOrderedFile:
 
 
 def _pwrite(fd: int, data: bytes | bytearray | memoryview, at: int) -> None:
-    view = memoryview(data)
-    while view:
-        done = os.pwrite(fd, view, at)
-        view, at = view[done:], at + done
+    done = os.pwrite(fd, data, at)
+    if done < len(data):  # a short write (rare): the rest
+        view = memoryview(data)
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], at + done)
