@@ -13,7 +13,6 @@ import itertools
 import json
 import math
 import os
-import struct
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, Rows
 from collect_cli.errors import ConfigError, OutputError, WriteError
 from collect_cli.writers.base import Writer, contiguous, drop_behind, start_write_back
-from collect_cli.writers.hdf5_file import HDF5_SIGNATURE, CommitOrderedFile
+from collect_cli.writers.hdf5_file import CommitOrderedFile, allocated_end
 
 JSON_ATTRS = (
     "observation_space",
@@ -116,18 +115,6 @@ def lane_reading_cache(path: Path, steps: int) -> dict[str, Any]:
     with h5py.File(path, "r", locking=False) as f:
         f.visititems(visit)
     return hash_slots(min(READ_CACHE_MAX, need), smallest)
-
-
-# durability D8 (docs/durability.md)
-def allocated_end(fd: int) -> int:
-    """The end of allocated space (EOA) the superblock records: the committed part of
-    a file being reopened (a killed run wrote past it only what no commit counted).
-    The file's size for superblock versions other than 0 and 1 (h5py's default)."""
-    head = os.pread(fd, 48, 0)
-    if head[:8] != HDF5_SIGNATURE or head[8] not in (0, 1) or head[13] != 8:
-        return os.fstat(fd).st_size
-    at = 40 if head[8] == 0 else 44  # version 1 has 4 more bytes before it
-    return struct.unpack_from("<Q", head, at)[0]
 
 
 class Block:

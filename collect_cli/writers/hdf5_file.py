@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 TREE = b"TREE"  # a version-1 B-tree node's signature; then its type, level, entries used
@@ -61,6 +62,17 @@ def node_entries(superblock: bytes) -> dict[int, int]:
         if superblock[8] == 1:
             chunk_k = int.from_bytes(superblock[24:26], "little")
     return {0: 2 * group_k, 1: 2 * chunk_k}
+
+
+def allocated_end(fd: int) -> int:
+    """The end of allocated space (EOA) the superblock records: the committed part of
+    a file being reopened (a killed run wrote past it only what no commit counted).
+    The file's size for superblock versions other than 0 and 1 (h5py's default)."""
+    head = os.pread(fd, 48, 0)
+    if head[:8] != HDF5_SIGNATURE or head[8] not in (0, 1) or head[13] != 8:
+        return os.fstat(fd).st_size
+    at = 40 if head[8] == 0 else 44  # version 1 has 4 more bytes before it
+    return struct.unpack_from("<Q", head, at)[0]
 
 
 def is_node(image: bytes | bytearray) -> bool:
@@ -141,6 +153,7 @@ class CommitOrderedFile:
         self._fresh: list[tuple[int, int]] = []  # written since the last commit, at once
         self._held: dict[int, bytearray] = {}  # over committed content: start -> bytes
         self._held_at: list[int] = []  # their starts, sorted
+        self._entries: dict[int, int] | None = None  # node_entries, read at the first commit
 
     def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
         if whence:  # h5py seeks to an address before each read and write, and to the end
@@ -199,7 +212,9 @@ class CommitOrderedFile:
         nodes = {at: data for at, data in held.items() if is_node(data)}
         pointed: set[int] = set()  # nodes a committed node points to
         if nodes:
-            entries = node_entries(os.pread(self.fd, 32, 0))
+            if self._entries is None:  # the superblock's, fixed when the file was made
+                self._entries = node_entries(os.pread(self.fd, 32, 0))
+            entries = self._entries
             for at, data in nodes.items():
                 head = os.pread(self.fd, 6, at)  # a committed leaf points to no node
                 if head[:4] == TREE and head[5] > 0:
