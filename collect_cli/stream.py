@@ -138,7 +138,9 @@ class WriteBehind:
                                               what it holds
     ``start(collector, on_commit)``           take that collector's lent batches from now
                                               on; after each commit ``on_commit`` gets the
-                                              returns of the episodes it finished
+                                              returns of the episodes it finished; a
+                                              writer thread is the collector's to place
+                                              (``place_helper``)
     ``reserve()``, then ``submit(lane_start,  one batch: ``reserve`` waits until fewer than
     batch)`` or ``unreserve()``               ``depth`` are in flight
     ``finish()``                              every submitted batch written and committed
@@ -198,6 +200,7 @@ class WriteBehind:
             self.background = not writes_inline(collector)
         if self.background:
             self._thread.start()
+            collector.place_helper(self._thread.native_id)
 
     def reserve(self) -> None:
         """Wait until a batch may be collected (fewer than ``depth`` in flight)."""

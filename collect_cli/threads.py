@@ -1,4 +1,5 @@
-"""torch's intra-op threads around small CPU work: one rule, one setter.
+"""Where CPU work runs: torch's intra-op threads around small work, and the CPU of
+a helper thread beside worker processes.
 
 A CPU op on fewer than ``SERIAL_ELEMENTS`` elements takes microseconds, less
 than handing it to torch's intra-op pool costs. torch's own loops stay serial
@@ -7,11 +8,16 @@ wake the pool, whose OpenMP threads then spin between steps: a core burnt for
 nothing, or one taken from a writer thread. A policy's matmuls gain from the
 threads again from a few million multiply-adds a step (``SERIAL_MACS``; measured:
 ``docs/performance.md``).
+
+:class:`CpuFollower` moves a thread of this process (a run's writer) to the CPU
+of the worker furthest ahead, where there is no CPU beyond the workers' own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 SERIAL_ELEMENTS = 32768  # torch's grain size: work this small runs on one thread
@@ -40,3 +46,54 @@ def intra_op_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+class CpuFollower:
+    """Keeps thread ``tid`` of this process on the CPU one of ``pids`` last ran on.
+
+    Where every CPU runs a worker, a busy thread beside them (the writer) shares one
+    worker's core, and Linux leaves it there: that worker falls behind, and the
+    others, done first with each batch, sleep until it catches up (9-11% of a
+    2-core machine idle in a multisync run; ``docs/performance.md``). Following, at
+    each batch, the worker furthest ahead shares the thread's time out between them.
+    Linux only (``/proc/<pid>/stat``); :meth:`close` gives the thread back its CPUs.
+    """
+
+    def __init__(self, tid: int, pids: Sequence[int]):
+        self.tid = tid
+        self._cpus = os.sched_getaffinity(tid)  # restored by close()
+        self._at: int | None = None
+        self._stats = [os.open(f"/proc/{pid}/stat", os.O_RDONLY) for pid in pids]
+
+    @classmethod
+    def where_needed(cls, tid: int | None, pids: Sequence[int]) -> CpuFollower | None:
+        """A follower where it helps (no more CPUs than ``pids``), else None."""
+        if tid is None or not pids or not hasattr(os, "sched_setaffinity"):
+            return None
+        try:
+            if len(os.sched_getaffinity(0)) > len(pids):
+                return None  # a free CPU for the thread: the scheduler's choice stands
+            return cls(tid, pids)
+        except OSError:
+            return None
+
+    def follow(self, index: int) -> None:
+        """Move the thread to the CPU where process ``pids[index]`` last ran."""
+        try:
+            fields = os.pread(self._stats[index], 1024, 0).rsplit(b")", 1)[1].split()
+            cpu = int(fields[36])  # "processor", field 39 (those after the name start at 3)
+            if cpu != self._at and cpu in self._cpus:
+                os.sched_setaffinity(self.tid, {cpu})
+                self._at = cpu
+        except (OSError, IndexError, ValueError):
+            self.close()  # the thread or the process has ended
+
+    def close(self) -> None:
+        if self._at is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(self.tid, self._cpus)
+            self._at = None
+        for fd in self._stats:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._stats = []

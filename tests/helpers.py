@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -173,6 +175,22 @@ def wait_for_frames(path: Path, proc: subprocess.Popen, minimum: int = 1, timeou
             pass  # not created yet, or caught mid-write by this reader
         time.sleep(0.1)
     raise AssertionError(f"the run committed fewer than {minimum} frames in {timeout} s")
+
+
+CAN_PIN = hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
+
+
+@contextlib.contextmanager
+def on_two_cpus() -> Iterator[list[int]]:
+    """This thread (and the threads and processes it starts) on two CPUs only, as on
+    CI's machine; its CPUs given back on the way out."""
+    cpus = os.sched_getaffinity(0)
+    two = sorted(cpus)[:2]
+    os.sched_setaffinity(0, set(two))
+    try:
+        yield two
+    finally:
+        os.sched_setaffinity(0, cpus)
 
 
 def descendants(pid: int) -> set[int]:

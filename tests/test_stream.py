@@ -4,6 +4,8 @@ sees them; and the threads torch collects with."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import numpy as np
@@ -17,7 +19,7 @@ from collect_cli.stream import Stream, WriteBehind, WriterSpec, pump
 from collect_cli.threads import SERIAL_ELEMENTS
 from collect_cli.writers import open_dataset
 from tests.conftest import out_path
-from tests.helpers import assert_consistent
+from tests.helpers import CAN_PIN, assert_consistent, on_two_cpus
 
 FRAMES, PER_BATCH = 600, 60
 
@@ -215,6 +217,29 @@ def test_a_run_in_a_daemonic_process_writes_from_a_thread(tmp_path):
         frames = pool.apply(_run_in_pool_worker, (str(tmp_path / "ds.h5"),))
     assert frames == 600
     assert assert_consistent(tmp_path / "ds.h5")["frames"] == 600
+
+
+@pytest.mark.skipif(not CAN_PIN, reason="needs Linux's CPU affinity and two CPUs")
+def test_a_multisync_runs_writer_thread_follows_the_workers_where_they_have_every_cpu(tmp_path):
+    """Two workers on two CPUs: the writer thread shares one worker's core, and is
+    moved at each batch to the core of the worker ahead (``threads.CpuFollower``)."""
+    from collect_cli.run import run
+
+    seen: list[set[int]] = []  # the writer thread's CPUs, at each of its commits
+
+    def progress(state) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            seen.append(os.sched_getaffinity(0))
+
+    out = tmp_path / "ds.h5"
+    overrides = ["env=CartPole", "env.num_envs=4", "collector=multisync", "collector.workers=2"]
+    overrides += ["frames_per_batch=200", "total_frames=4000", f"out={out}"]
+    with on_two_cpus() as two:
+        result = run(config.load(config.compose(overrides)), progress=progress)
+    assert result.frames == 4000
+    assert len(seen) >= 19  # every commit's report but the first came from that thread
+    assert all(len(cpus) == 1 and cpus <= set(two) for cpus in seen[1:])
+    assert_consistent(out)
 
 
 @pytest.mark.parametrize("device_path", [False, True], ids=["host-path", "device-path"])

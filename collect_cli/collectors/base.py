@@ -137,6 +137,12 @@ class CollectorBase(IterableDataset, metaclass=abc.ABCMeta):
         for _, batch in self.iter_with_lanes():
             yield batch
 
+    def place_helper(self, thread_id: int | None) -> None:
+        """Where collecting shares the CPUs with thread ``thread_id`` of this process
+        (a writer beside it), let the collector place that thread from the next batch
+        on; None: no longer. Only :class:`MultiSyncCollector` does; the others leave
+        it to the OS."""
+
     @abc.abstractmethod
     def iter_with_lanes(self) -> Iterator[tuple[int, TensorDictBase]]:
         """Like :meth:`iterator`, with the index of each batch's first lane.

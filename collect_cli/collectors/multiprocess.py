@@ -35,6 +35,7 @@ from collect_cli.collectors.worker import WorkerSpec, worker_main
 from collect_cli.envs import EnvFactory
 from collect_cli.errors import CollectionError
 from collect_cli.rollout import RolloutOptions
+from collect_cli.threads import CpuFollower
 
 JOIN_TIMEOUT_S = 5.0
 
@@ -151,6 +152,9 @@ class _MultiCollector(CollectorBase):
         self._asked = [0] * self.num_workers
         self._got = [0] * self.num_workers
         self._used = [0] * self.num_workers
+        self._arrived = [0] * self.num_workers  # when each worker's last batch came, in turn
+        self._arrivals = 0
+        self._follower: CpuFollower | None = None
         self._closed = False
         _LIVE.add(self)
         worker_seeds = derive_seeds(seed, self.num_workers, 3)
@@ -232,6 +236,8 @@ class _MultiCollector(CollectorBase):
                         raise _worker_error(index, self._procs[index].pid, *message[1])
                     if message[0] == "batch":
                         self._got[index] += 1
+                        self._arrivals += 1
+                        self._arrived[index] = self._arrivals
                     return index, message
             for obj in ready:
                 if obj in by_sentinel:
@@ -339,6 +345,7 @@ class _MultiCollector(CollectorBase):
             return
         self._closed = True
         _LIVE.discard(self)
+        self.place_helper(None)
         for index, proc in enumerate(self._procs):
             if proc.is_alive():
                 with contextlib.suppress(BrokenPipeError, OSError):
@@ -412,6 +419,18 @@ class MultiSyncCollector(_MultiCollector):
     def _preempts(self) -> bool:
         return self.preemptive_threshold < 1.0
 
+    def place_helper(self, thread_id: int | None) -> None:
+        """Keep thread ``thread_id`` on the CPU of the worker furthest ahead, where
+        the workers have every CPU (:class:`~collect_cli.threads.CpuFollower`): at
+        each batch, the one with the most batches in, the first in if tied."""
+        if self._follower is not None:
+            self._follower.close()
+        pids = [proc.pid for proc in self._procs]
+        self._follower = CpuFollower.where_needed(thread_id, pids)
+
+    def _ahead(self) -> int:
+        return max(range(self.num_workers), key=lambda i: (self._got[i], -self._arrived[i]))
+
     def iter_with_lanes(self) -> Iterator[tuple[int, TensorDictBase]]:
         everyone = set(range(self.num_workers))
         quorum = math.ceil(self.preemptive_threshold * self.num_workers)
@@ -434,6 +453,8 @@ class MultiSyncCollector(_MultiCollector):
                 if len(done) >= quorum and done != everyone:
                     self._stop_event.set()
             self._stop_event.clear()
+            if self._follower is not None:
+                self._follower.follow(self._ahead())
             batch = self._batches[self._used[0] % self._slots]
             for index in everyone:
                 self._hand_over(index)

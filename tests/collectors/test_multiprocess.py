@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 from collect_cli.collectors import AsyncCollector, MultiAsyncCollector, MultiSyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.errors import CollectionError, UsageError
-from tests.helpers import descendants
+from tests.helpers import CAN_PIN, descendants, on_two_cpus
 
 
 def gather(collector):
@@ -317,3 +318,30 @@ def test_preemption_needs_prefetch_one():
             prefetch=2,
         )
     assert not descendants(os.getpid())
+
+
+@pytest.mark.skipif(not CAN_PIN, reason="needs Linux's CPU affinity and two CPUs")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_multisync_places_a_helper_thread_only_where_the_workers_have_every_cpu(workers):
+    stop = threading.Event()
+    with on_two_cpus() as two:
+        helper = threading.Thread(target=stop.wait)
+        helper.start()
+        try:
+            c = MultiSyncCollector(
+                env_factory("CartPole-v1", 2),
+                num_workers=workers,
+                frames_per_batch=40,
+                total_frames=800,
+            )
+            with c:
+                c.place_helper(helper.native_id)
+                seen = [os.sched_getaffinity(helper.native_id) for _ in c]
+            if workers == 2:  # on one CPU at a time, a worker's
+                assert all(len(cpus) == 1 and cpus <= set(two) for cpus in seen)
+            else:  # a CPU to spare: left to the OS
+                assert all(cpus == set(two) for cpus in seen)
+            assert os.sched_getaffinity(helper.native_id) == set(two)  # given back
+        finally:
+            stop.set()
+            helper.join()
