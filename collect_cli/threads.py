@@ -53,7 +53,7 @@ class CpuFollower:
 
     Where every CPU runs a worker, a busy thread beside them (the writer) shares one
     worker's core, and Linux leaves it there: that worker falls behind, and the
-    others, done first with each batch, sleep until it catches up (9-11% of a
+    others, done first with each batch, sleep until it catches up (8-13% of a
     2-core machine idle in a multisync run; ``docs/performance.md``). Following, at
     each batch, the worker furthest ahead shares the thread's time out between them.
     Linux only (``/proc/<pid>/stat``); :meth:`close` gives the thread back its CPUs.
