@@ -63,7 +63,13 @@ class CpuFollower:
         self.tid = tid
         self._cpus = os.sched_getaffinity(tid)  # restored by close()
         self._at: int | None = None
-        self._stats = [os.open(f"/proc/{pid}/stat", os.O_RDONLY) for pid in pids]
+        self._stats: list[int] = []  # each process's /proc/<pid>/stat, read again each batch
+        try:
+            for pid in pids:
+                self._stats.append(os.open(f"/proc/{pid}/stat", os.O_RDONLY))
+        except OSError:
+            self.close()
+            raise
 
     @classmethod
     def where_needed(cls, tid: int | None, pids: Sequence[int]) -> CpuFollower | None:
