@@ -10,7 +10,7 @@ threads again from a few million multiply-adds a step (``SERIAL_MACS``; measured
 ``docs/performance.md``).
 
 :class:`CpuFollower` moves a thread of this process (a run's writer) to the CPU
-of the worker furthest ahead, where there is no CPU beyond the workers' own.
+of the worker furthest ahead, where there are as many workers as CPUs.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def intra_op_threads(count: int) -> Iterator[None]:
 class CpuFollower:
     """Keeps thread ``tid`` of this process on the CPU one of ``pids`` last ran on.
 
-    Where every CPU runs a worker, a busy thread beside them (the writer) shares one
+    Where each CPU runs one worker, a busy thread beside them (the writer) shares one
     worker's core, and Linux leaves it there: that worker falls behind, and the
     others, done first with each batch, sleep until it catches up (8-13% of a
     2-core machine idle in a multisync run; ``docs/performance.md``). Following, at
@@ -73,12 +73,15 @@ class CpuFollower:
 
     @classmethod
     def where_needed(cls, tid: int | None, pids: Sequence[int]) -> CpuFollower | None:
-        """A follower where it helps (no more CPUs than ``pids``), else None."""
+        """A follower where it helps (one CPU for each of ``pids``), else None. With a
+        CPU to spare, the scheduler's placement stands; with more processes than
+        CPUs, they share the CPUs already, and a thread held to one of them only
+        crowds it (3 workers on 2 CPUs: 0.86x the frames/s; ``docs/performance.md``)."""
         if tid is None or not pids or not hasattr(os, "sched_setaffinity"):
             return None
         try:
-            if len(os.sched_getaffinity(0)) > len(pids):
-                return None  # a free CPU for the thread: the scheduler's choice stands
+            if len(os.sched_getaffinity(0)) != len(pids):
+                return None
             return cls(tid, pids)
         except OSError:
             return None

@@ -220,7 +220,7 @@ def test_a_run_in_a_daemonic_process_writes_from_a_thread(tmp_path):
 
 
 @pytest.mark.skipif(not CAN_PIN, reason="needs Linux's CPU affinity and two CPUs")
-def test_a_multisync_runs_writer_thread_follows_the_workers_where_they_have_every_cpu(tmp_path):
+def test_a_multisync_runs_writer_thread_follows_the_workers_with_one_worker_a_cpu(tmp_path):
     """Two workers on two CPUs: the writer thread shares one worker's core, and is
     moved at each batch to the core of the worker ahead (``threads.CpuFollower``)."""
     from collect_cli.run import run

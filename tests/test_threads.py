@@ -63,11 +63,16 @@ def test_the_thread_moves_to_the_cpu_the_followed_process_last_ran_on(two_cpus, 
             p.wait()
 
 
-def test_a_thread_with_a_cpu_to_spare_is_left_where_the_os_puts_it(two_cpus, helper):
+def test_a_thread_is_left_where_the_os_puts_it_unless_each_cpu_has_one_process(two_cpus, helper):
     sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER])
     try:
-        assert CpuFollower.where_needed(helper, [sleeper.pid]) is None  # 2 CPUs, 1 worker
-        assert CpuFollower.where_needed(None, [sleeper.pid, sleeper.pid]) is None
+        one, three = [sleeper.pid], [sleeper.pid] * 3
+        assert CpuFollower.where_needed(helper, one) is None  # a CPU to spare
+        assert CpuFollower.where_needed(helper, three) is None  # the CPUs shared already
+        assert CpuFollower.where_needed(None, one * 2) is None
+        follower = CpuFollower.where_needed(helper, one * 2)
+        assert follower is not None
+        follower.close()
     finally:
         sleeper.kill()
         sleeper.wait()

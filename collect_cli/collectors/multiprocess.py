@@ -421,8 +421,8 @@ class MultiSyncCollector(_MultiCollector):
 
     def place_helper(self, thread_id: int | None) -> None:
         """Keep thread ``thread_id`` on the CPU of the worker furthest ahead, where
-        the workers have every CPU (:class:`~collect_cli.threads.CpuFollower`): at
-        each batch, the one with the most batches in, the first in if tied."""
+        there are as many workers as CPUs (:class:`~collect_cli.threads.CpuFollower`):
+        at each batch, the one with the most batches in, the first in if tied."""
         if self._follower is not None:
             self._follower.close()
         pids = [proc.pid for proc in self._procs]
