@@ -48,6 +48,12 @@ def intra_op_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+def last_cpu(stat: bytes) -> int:
+    """The CPU a task last ran on, from the text of its ``/proc/<pid>/stat``: field 39
+    ("processor"); the fields after the name, which may hold spaces, start at 3."""
+    return int(stat.rsplit(b")", 1)[1].split()[36])
+
+
 class CpuFollower:
     """Keeps thread ``tid`` of this process on the CPU one of ``pids`` last ran on.
 
@@ -89,8 +95,7 @@ class CpuFollower:
     def follow(self, index: int) -> None:
         """Move the thread to the CPU where process ``pids[index]`` last ran."""
         try:
-            fields = os.pread(self._stats[index], 1024, 0).rsplit(b")", 1)[1].split()
-            cpu = int(fields[36])  # "processor", field 39 (those after the name start at 3)
+            cpu = last_cpu(os.pread(self._stats[index], 1024, 0))
             if cpu != self._at and cpu in self._cpus:
                 os.sched_setaffinity(self.tid, {cpu})
                 self._at = cpu

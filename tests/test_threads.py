@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from collect_cli.threads import CpuFollower
+from collect_cli.threads import CpuFollower, last_cpu
 from tests.helpers import CAN_PIN, on_two_cpus
 
 pytestmark = pytest.mark.skipif(not CAN_PIN, reason="needs Linux's CPU affinity and two CPUs")
@@ -38,8 +38,8 @@ def ran_on(pid: int, cpu: int, timeout: float = 5.0) -> None:
     """Wait until process ``pid`` has last run on ``cpu`` (after being pinned there)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/stat") as fh:
-            if int(fh.read().rsplit(")", 1)[1].split()[36]) == cpu:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            if last_cpu(fh.read()) == cpu:
                 return
         time.sleep(0.01)
     raise AssertionError(f"process {pid} never ran on CPU {cpu}")
