@@ -1,6 +1,7 @@
 """HDF5 backend: one ``.h5`` file, one chunked, resizable dataset per key.
 
-Frame keys are datasets shaped ``[lanes, time, ...]`` growing along ``time``;
+Frame keys are datasets shaped ``[lanes, time, ...]`` growing along ``time``
+(allocated ahead while the run goes on, cut to the steps written at close);
 ``episodes/<column>`` are 1-D datasets; metadata lives in the root attributes
 (dicts as JSON strings). Opens with plain h5py and ``PersistentTensorDict.from_h5``.
 """
@@ -664,9 +665,22 @@ class Hdf5Writer(Writer):
 
     def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
         self._reserve(2 * sum(array.nbytes for _, array in items))
+        self._allocate_steps(t0 + steps)
         start = (lanes.start or 0, t0)
         for key, array in items:
             self._frames[key].write(start, fmt.fixed_bytes(array) if key in self._text else array)
+
+    def _allocate_steps(self, steps: int) -> None:
+        """Grow the frame datasets' time extent to hold ``steps``, ahead as memmap's
+        capacity grows: to the planned steps of a finite run, doubling for an endless
+        one. An extent changed at every batch rewrote every frame dataset's header at
+        each commit (~8% of the writer's time on 1000-frame batches, measured);
+        :meth:`_close` cuts the extent to the steps written."""
+        extent = next(iter(self._frames.values())).shape[1]
+        if steps > extent:
+            extent = max(steps, self.planned_steps or 0, 2 * extent)
+            for block in self._frames.values():
+                block.resize(extent, axis=1)
 
     def _write_episodes(self, rows: Rows, start: int) -> None:
         count = len(rows["traj_id"])
@@ -713,6 +727,9 @@ class Hdf5Writer(Writer):
                 os.close(self._fd)
                 self._fd = None
             return
+        for block in self._frames.values():  # the steps allocated ahead and not written
+            if block.shape[1] > self.steps:
+                block.resize(self.steps, axis=1)
         self._flush()
         used = self._file.id.get_filesize()  # HDF5's end of allocated space
         if self._attrs is not None:

@@ -52,6 +52,29 @@ BLOCKS = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("planned", "extents"), [(None, [20, 40, 80, 80, 160]), (70, [70] * 3 + [140] * 2)]
+)
+def test_the_time_extent_grows_ahead_and_is_cut_to_the_steps_at_close(
+    tmp_path, batches, planned, extents
+):
+    # an extent changed at every batch rewrote every frame dataset's header at each commit
+    path = tmp_path / "x.h5"
+    w = make_writer("hdf5", path, metadata=META, planned_steps=planned).open()
+    seen = []
+    for batch in batches:
+        w.append(batch)
+        w.commit()
+        with h5py.File(path, "r", locking=False) as f:
+            keys = ("observation", "next/done", "collector/mask")
+            seen.append({f[name].shape[1] for name in keys})
+    assert seen == [{n} for n in extents]
+    w.close("interrupted")
+    with h5py.File(path, "r", locking=False) as f:
+        assert f["observation"].shape[:2] == f["collector/mask"].shape == (3, 100)
+    assert validate(path) == []
+
+
 @pytest.mark.parametrize("dtype", ["f4", "i8", "?"])
 def test_block_writes_equal_numpy_through_both_paths(tmp_path, dtype):
     rng = np.random.default_rng(0)

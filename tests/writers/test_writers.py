@@ -91,6 +91,29 @@ def test_commit_makes_data_visible_while_running(tmp_path, backend, batches):
     w.close()
 
 
+@pytest.mark.parametrize("planned", [None, 500])
+def test_a_running_dataset_may_hold_steps_ahead_and_a_complete_one_holds_its_own(
+    tmp_path, backend, batches, planned
+):
+    path = out_path(tmp_path, backend)
+    w = make_writer(backend, path, metadata={}, planned_steps=planned).open()
+    for batch in batches[:3]:
+        w.append(batch)
+        w.commit()
+        ds = open_dataset(path)
+        steps = ds.meta["steps"]
+        mask, traj = ds.array("collector/mask"), ds.array("collector/traj_ids")
+        assert mask.shape[1] == traj.shape[1] >= max(steps, planned or 0)
+        assert mask[:, :steps].all() and not mask[:, steps:].any()  # allocated, not written
+        assert (traj[:, steps:] == -1).all()
+    w.close("complete")
+    ds = open_dataset(path)
+    assert ds.meta["steps"] == 3 * batches[0].shape[1]
+    assert {shape[1] for key, shape, _ in ds.stored() if key.count("episodes") == 0} == {
+        ds.meta["steps"]
+    }
+
+
 def test_overwrite_protection(tmp_path, backend, batches):
     path = out_path(tmp_path, backend)
     write(path, backend, batches[:1])
