@@ -182,6 +182,8 @@ def _frames_and_episodes(ds, meta: dict, notes: list[str]) -> list[str]:
         problems.append("episodes/lane disagrees with the frames")
     if (ep["length"] != counts[pos]).any():
         problems.append("episodes/length disagrees with the frames")
+    if (ep["start"] != time_of[first[pos]]).any():  # first: the id's earliest frame
+        problems.append("episodes/start disagrees with the frames")
     if not np.allclose(ep["return"], returns[pos], rtol=1e-5, atol=1e-4):
         problems.append("episodes/return disagrees with the frames' rewards")
     last_frame = np.zeros(len(unique), np.int64)

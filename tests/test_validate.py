@@ -73,15 +73,21 @@ def test_inconsistent_traj_ids_fail(cli, dataset, backend):
     assert "traj_ids out of order in lane 0" in res.stdout
 
 
-def test_episode_table_mismatch_fails(dataset, backend):
+@pytest.mark.parametrize(
+    ("column", "problem"),
+    [("return", "episodes/return disagrees with the frames' rewards"),
+     ("start", "episodes/start disagrees with the frames")],
+)  # fmt: skip
+def test_episode_table_mismatch_fails(dataset, backend, column, problem):
+    assert validate(dataset) == []
     if backend == "hdf5":
         with h5py.File(dataset, "r+") as f:
-            f["episodes/return"][0] += 1.0
+            f[f"episodes/{column}"][0] += 1
     else:
         from tensordict import TensorDict
 
-        TensorDict.load_memmap(dataset)["episodes", "return"][0] += 1.0
-    assert "episodes/return disagrees with the frames' rewards" in validate(dataset)
+        TensorDict.load_memmap(dataset)["episodes", column][0] += 1
+    assert problem in validate(dataset)
 
 
 def test_missing_path_is_usage_error(cli, tmp_path):

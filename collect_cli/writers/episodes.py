@@ -116,6 +116,10 @@ class EpisodeTracker:
         # episodes carried in from the previous batch that a reset cut at its end
         has_valid = mask.any(axis=1)
         first_valid = np.argmax(mask, axis=1)
+        # a lane with no episode running starts its next one at its first valid frame
+        # (after padding where its previous batch ended early, or a resume point)
+        idle = carry_len == 0
+        carry_start[idle] = t0 + first_valid[idle]
         first_id = traj[np.arange(nlanes), first_valid]
         cross = np.flatnonzero(
             has_valid & (carry_traj >= 0) & (carry_len > 0) & (first_id != carry_traj)

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from collect_cli.dataformat import COLUMNS
 from collect_cli.writers.episodes import EpisodeTracker
 
 
@@ -95,3 +96,79 @@ def test_returns_are_summed_in_time_order_bit_for_bit():
         expected.append(total)
     assert rows["return"].tolist() == expected
     assert rows["return"].tolist() != reward.astype(np.float64).sum(axis=1).tolist()  # pairwise
+
+
+def reference(batches, lanes):
+    """Rows and cuts of each update, lane by lane and frame by frame (plain Python)."""
+    running: dict[int, list] = {}  # lane -> [traj_id, start, length, return, last time]
+    out, t0 = [], 0
+    for b in batches:
+        traj, mask = b["collector", "traj_ids"], b["collector", "mask"]
+        reward, done = b["next", "reward"][..., 0], b["next", "done"][..., 0]
+        term = b["next", "terminated"][..., 0]
+        carried, ended = [], []
+        for lane in range(lanes):
+            for t in range(traj.shape[1]):
+                if not mask[lane, t]:
+                    continue
+                now = running.get(lane)
+                if now is not None and now[0] != int(traj[lane, t]):  # cut by a reset
+                    row = (*now[:4], False, False, False, lane, now[4])
+                    (ended if now[4] >= t0 else carried).append(row)
+                    now = None
+                if now is None:
+                    now = running[lane] = [int(traj[lane, t]), t0 + t, 0, 0.0, 0]
+                now[2] += 1
+                now[3] += float(reward[lane, t])
+                now[4] = t0 + t
+                if done[lane, t]:
+                    flags = (bool(term[lane, t]), not bool(term[lane, t]), True)
+                    ended.append((*now[:4], *flags, lane, now[4]))
+                    del running[lane]
+        ended.sort(key=lambda row: (row[8], row[7]))  # by end time, then lane
+        out.append((carried + ended, {(row[7], row[8]) for row in carried + ended if not row[6]}))
+        t0 += traj.shape[1]
+    return out
+
+
+def test_rows_and_cuts_equal_a_frame_by_frame_count_with_padding_and_resets():
+    rng = np.random.default_rng(1)
+    lanes, steps, batches, next_id = 5, 9, [], 5
+    ids = np.arange(lanes)
+    for k in range(12):
+        traj = np.empty((lanes, steps), np.int64)
+        done = rng.random((lanes, steps)) < 0.15
+        for t in range(steps):
+            traj[:, t] = ids
+            change = done[:, t] | (rng.random(lanes) < 0.05)  # an id change without done: a cut
+            ids = ids.copy()
+            ids[change] = np.arange(next_id, next_id + change.sum())
+            next_id += int(change.sum())
+        mask = np.ones((lanes, steps), bool)
+        if k % 3 == 1:  # padded lanes (uneven workers), one lane empty
+            mask = np.arange(steps)[None] < rng.integers(0, steps + 1, lanes)[:, None]
+            mask[k % lanes] = False
+        term = done & (rng.random((lanes, steps)) < 0.5)
+        batches.append(
+            batch(
+                np.where(mask, traj, -1).tolist(),
+                rng.standard_normal((lanes, steps)).tolist(),
+                (done & mask).tolist(),
+                mask=mask.tolist(),
+                term=(term & mask).tolist(),
+            )
+        )
+    tracker, t0 = EpisodeTracker(lanes), 0
+    for b, (want, cuts) in zip(batches, reference(batches, lanes), strict=True):
+        rows = tracker.update(b, t0)
+        t0 += steps
+        assert {k: rows[k].dtype for k in COLUMNS} == {k: np.dtype(v) for k, v in COLUMNS.items()}
+        got = list(zip(*(rows[k].tolist() for k in ("traj_id", "start", "length")), strict=True))
+        assert got == [row[:3] for row in want]
+        np.testing.assert_allclose(rows["return"], [row[3] for row in want], rtol=1e-9)
+        flags = ("terminated", "truncated", "complete", "lane")
+        assert list(zip(*(rows[k].tolist() for k in flags), strict=True)) == [
+            row[4:8] for row in want
+        ]
+        assert set(zip(*(c.tolist() for c in tracker.cuts), strict=True)) == cuts
+    assert sum(len(w) for w, _ in reference(batches, lanes)) > 40  # the check saw episodes

@@ -114,6 +114,30 @@ def test_a_running_dataset_may_hold_steps_ahead_and_a_complete_one_holds_its_own
     }
 
 
+def test_an_episode_after_padding_starts_at_its_first_frame(tmp_path, backend):
+    # a preempted worker pads its lanes' ends: the next batch starts after the padding
+    from collect_cli.collectors import MultiSyncCollector
+
+    fast = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.0, "length": 5})
+    slow = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.01, "length": 5})
+    path = out_path(tmp_path, backend)
+    w = make_writer(backend, path, metadata={}).open()
+    with MultiSyncCollector(
+        [fast, slow], frames_per_batch=40, total_frames=400, preemptive_threshold=0.5
+    ) as c:
+        for batch in c:
+            w.append(batch)
+            w.commit()
+    w.close()
+    ds = open_dataset(path)
+    rows, traj, mask = ds.episodes(), ds.array("collector/traj_ids"), ds.array("collector/mask")
+    after_padding = 0
+    for traj_id, lane, start in zip(rows["traj_id"], rows["lane"], rows["start"], strict=True):
+        assert start == np.flatnonzero(traj[lane] == traj_id)[0]  # its first frame
+        after_padding += bool(start > 0 and not mask[lane, start - 1])
+    assert after_padding > 0  # the case happened
+
+
 def test_overwrite_protection(tmp_path, backend, batches):
     path = out_path(tmp_path, backend)
     write(path, backend, batches[:1])
