@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDictBase
 
 from collect_cli import dataformat as fmt
-from collect_cli.dataformat import COLUMNS, Rows, concat_rows
+from collect_cli.dataformat import Rows, concat_rows
 
 Frames = TensorDictBase | Mapping[fmt.Key, np.ndarray]  # a batch, or its leaves by key tuple
 
@@ -89,7 +89,11 @@ class EpisodeTracker:
 
     def update(self, batch: Frames, t0: int, lane_start: int = 0) -> Rows:
         """Consume one batch of lanes ``lane_start...`` written at time offset ``t0``
-        (a TensorDict, or its leaves by key tuple: lane-major arrays read faster)."""
+        (a TensorDict, or its leaves by key tuple: lane-major arrays read faster).
+
+        A batch without padding (the usual one) skips the work padding needs: its
+        lanes' first and last valid frames are its first and last (this runs once a
+        batch, and on small batches its cost is the number of numpy calls)."""
         mask = np.asarray(batch.get(fmt.MASK_KEY))
         traj = np.asarray(batch.get(fmt.TRAJ_KEY))
         reward, done, term, trunc = frame_flags(batch, mask)
@@ -105,6 +109,8 @@ class EpisodeTracker:
         ends = done.copy()
         if full:
             ends[:, :-1] |= traj[:, 1:] != traj[:, :-1]
+            has_valid, first_valid, last_valid = True, 0, steps - 1
+            first_id, last_id = traj[:, 0], traj[:, -1]
         else:
             lane_v, t_v = np.nonzero(mask)
             change = np.zeros(len(lane_v), bool)
@@ -112,22 +118,29 @@ class EpisodeTracker:
                 traj[lane_v[1:], t_v[1:]] != traj[lane_v[:-1], t_v[:-1]]
             )
             ends[lane_v[change], t_v[change]] = True
+            every = np.arange(nlanes)
+            has_valid = mask.any(axis=1)
+            first_valid = np.argmax(mask, axis=1)
+            last_valid = steps - 1 - np.argmax(mask[:, ::-1], axis=1)
+            first_id, last_id = traj[every, first_valid], traj[every, last_valid]
 
-        # episodes carried in from the previous batch that a reset cut at its end
-        has_valid = mask.any(axis=1)
-        first_valid = np.argmax(mask, axis=1)
         # a lane with no episode running starts its next one at its first valid frame
         # (after padding where its previous batch ended early, or a resume point)
         idle = carry_len == 0
-        carry_start[idle] = t0 + first_valid[idle]
-        first_id = traj[np.arange(nlanes), first_valid]
+        carry_start[idle] = t0 + (first_valid if full else first_valid[idle])
+
+        # episodes carried in from the previous batch that a reset cut at its end
         cross = np.flatnonzero(
             has_valid & (carry_traj >= 0) & (carry_len > 0) & (first_id != carry_traj)
         )
-        cut_rows = self._rows(cross, lane_start, carry_start, carry_len, carry_ret, carry_traj)
-        cut_at = self.last_t[group][cross]
-        carry_len[cross], carry_ret[cross] = 0, 0.0
-        carry_start[cross] = t0 + first_valid[cross]
+        cut_rows = None
+        if len(cross):
+            cut_rows = self._rows(cross, lane_start, carry_start, carry_len, carry_ret, carry_traj)
+            cut_at = self.last_t[group][cross]
+            carry_len[cross], carry_ret[cross] = 0, 0.0
+            carry_start[cross] = t0 + (first_valid if full else first_valid[cross])
+        else:
+            cut_at = cross
 
         cum_ret = _running_sum(reward if full else np.where(mask, reward, 0.0))
         if full:
@@ -141,18 +154,25 @@ class EpisodeTracker:
         prev_ret = np.where(first, -carry_ret[lanes], cum_ret[lanes[prev], ts[prev]])
         prev_len = np.where(first, -carry_len[lanes], cum_len[lanes[prev], ts[prev]])
         complete = done[lanes, ts]
-        rows: Rows = {
-            "traj_id": traj[lanes, ts],
-            "lane": lanes.astype(np.int64) + lane_start,
-            "start": np.where(first, carry_start[lanes], t0 + ts[prev] + 1),
-            "length": cum_len[lanes, ts] - prev_len,
-            "return": cum_ret[lanes, ts] - prev_ret,
-            "terminated": term[lanes, ts] & complete,
-            "truncated": trunc[lanes, ts] & complete,
-            "complete": complete,
+        start = np.where(first, carry_start[lanes], t0 + ts[prev] + 1)
+        length = cum_len[lanes, ts] - prev_len
+        ret = cum_ret[lanes, ts] - prev_ret
+        if not self.by_lane:  # rows in the order episodes end: by time, then lane
+            order = np.lexsort((lanes, ts))
+            row_lanes, row_ts = lanes[order], ts[order]
+            start, length, ret, row_done = start[order], length[order], ret[order], complete[order]
+        else:
+            row_lanes, row_ts, row_done = lanes, ts, complete
+        rows: Rows = {  # each column's dtype is COLUMNS' already (int64, float64, bool)
+            "traj_id": traj[row_lanes, row_ts],
+            "lane": row_lanes + lane_start,
+            "start": start,
+            "length": length,
+            "return": ret,
+            "terminated": term[row_lanes, row_ts] & row_done,
+            "truncated": trunc[row_lanes, row_ts] & row_done,
+            "complete": row_done,
         }
-        order = np.argsort(lanes, kind="stable") if self.by_lane else np.lexsort((lanes, ts))
-        rows = {k: np.ascontiguousarray(v[order], COLUMNS[k]) for k, v in rows.items()}
         inner = ~complete
         self.cuts = (
             np.concatenate([cross + lane_start, lanes[inner] + lane_start]).astype(np.int64),
@@ -172,11 +192,15 @@ class EpisodeTracker:
         carry_ret[ended] = tail_ret[ended]
         carry_len[ended] = tail_len[ended]
         carry_start[ended] = t0 + end_t + 1
-        last_valid = steps - 1 - np.argmax(mask[:, ::-1], axis=1)
-        carry_traj[:] = np.where(has_valid, traj[np.arange(nlanes), last_valid], carry_traj)
-        self.last_t[group] = np.where(has_valid, t0 + last_valid, self.last_t[group])
-        carry_traj[ended[end_t == last_valid[ended]]] = -1
-        return concat_rows([cut_rows, rows])
+        if full:
+            carry_traj[:] = last_id
+            self.last_t[group] = t0 + last_valid
+            carry_traj[ended[end_t == last_valid]] = -1
+        else:
+            carry_traj[:] = np.where(has_valid, last_id, carry_traj)
+            self.last_t[group] = np.where(has_valid, t0 + last_valid, self.last_t[group])
+            carry_traj[ended[end_t == last_valid[ended]]] = -1
+        return rows if cut_rows is None else concat_rows([cut_rows, rows])
 
     def _rows(self, lanes, lane_start, start, length, ret, traj) -> Rows:
         n = len(lanes)
