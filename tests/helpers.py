@@ -60,6 +60,45 @@ def assert_split_on_done(path: Path | str) -> int:
 SUPPORT = Path(__file__).parent / "support"
 
 
+def write_preempted(
+    path: Path,
+    backend: str,
+    metadata: dict,
+    length: int,
+    frames_per_batch: int,
+    total_frames: int,
+    status: str = "complete",
+) -> Path:
+    """A dataset with padding: two workers (one slow) of episodes ``length`` steps
+    long, the slow one preempted (``preemptive_threshold=0.5``) once the fast one
+    is done with each batch, so its lane pads its batches' ends. ``metadata`` is
+    added to the env's id and spaces."""
+    from collect_cli import specs
+    from collect_cli.collectors import MultiSyncCollector
+    from collect_cli.envs import env_factory
+    from collect_cli.writers import make_writer
+
+    fast = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.0, "length": length})
+    slow = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.01, "length": length})
+    with MultiSyncCollector(
+        [fast, slow],
+        frames_per_batch=frames_per_batch,
+        total_frames=total_frames,
+        preemptive_threshold=0.5,
+    ) as collector:
+        env = {
+            "env_id": "toyenvs:Slow-v0",
+            "observation_space": specs.describe(collector.observation_space),
+            "action_space": specs.describe(collector.action_space),
+        }
+        writer = make_writer(backend, path, metadata={**env, **metadata}).open()
+        for batch in collector:
+            writer.append(batch)
+            writer.commit()
+    writer.close(status)
+    return path
+
+
 def resident_pages(path: Path | str) -> np.ndarray:
     """Which pages of the file are in the OS's page cache (``mincore`` over a
     read-only shared mapping; mapping a page does not read it)."""

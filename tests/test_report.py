@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from collect_cli import config, report, specs
 from collect_cli.cli import app
-from collect_cli.collectors import MultiSyncCollector, SyncCollector
+from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.report import HIST_BINS
 from collect_cli.report_html import viewable
@@ -37,6 +37,7 @@ from collect_cli.run import run
 from collect_cli.writers import make_writer, open_dataset
 from collect_cli.writers.merge import merge
 from tests.conftest import Result, run_cli
+from tests.helpers import write_preempted
 
 REFS = {"ref_min_score": -1600.0, "ref_max_score": 0.0}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -97,28 +98,8 @@ def datasets(tmp_path_factory):
         root / "nested", "env=gym", "env.id=toyenvs:Nested-v0", "env.num_envs=2",
         "total_frames=100", "frames_per_batch=50", "writer=memmap",
     )  # fmt: skip
-    made["padded"] = preempted(root / "padded.h5")
+    made["padded"] = write_preempted(root / "padded.h5", "hdf5", {}, 7, 60, 300)
     return made
-
-
-def preempted(path: Path) -> Path:
-    """A dataset with padding inside episodes: a slow worker preempted mid-episode."""
-    fast = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.0, "length": 7})
-    slow = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.01, "length": 7})
-    with MultiSyncCollector(
-        [fast, slow], frames_per_batch=60, total_frames=300, preemptive_threshold=0.5
-    ) as c:
-        meta = {
-            "env_id": "toyenvs:Slow-v0",
-            "observation_space": specs.describe(c.observation_space),
-            "action_space": specs.describe(c.action_space),
-        }
-        writer = make_writer("hdf5", path, metadata=meta).open()
-        for batch in c:
-            writer.append(batch)
-            writer.commit()
-    writer.close()
-    return path
 
 
 class Page(HTMLParser):

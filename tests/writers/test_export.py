@@ -12,12 +12,10 @@ import minari
 import numpy as np
 import pytest
 
-from collect_cli.collectors import MultiSyncCollector
-from collect_cli.envs import env_factory
-from collect_cli.writers import make_writer, open_dataset
+from collect_cli.writers import open_dataset
 from tests.conftest import out_path as dataset_path
 from tests.conftest import run_cli
-from tests.helpers import assert_split_on_done, start_run, wait_for_frames
+from tests.helpers import assert_split_on_done, start_run, wait_for_frames, write_preempted
 
 
 @pytest.fixture(scope="module")
@@ -211,24 +209,9 @@ def episode_spans(terminals, timeouts):
 def test_preempted_padding_inside_episodes(tmp_path, backend, monkeypatch):
     """A slow worker preempted mid-episode leaves padding inside an episode's time
     span; the export skips it and keeps each episode whole and contiguous."""
-    fast = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.0, "length": 7})
-    slow = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.01, "length": 7})
     source = dataset_path(tmp_path, backend)
-    meta = {
-        "env_id": "toyenvs:Slow-v0",
-        "observation_space": {"type": "Box", "dtype": "float32", "shape": [1], "low": [0.0],
-                              "high": [1000.0]},
-        "action_space": {"type": "Discrete", "dtype": "int64", "n": 2, "start": 0},
-        "config": "env:\n  kwargs:\n    length: 7\n",
-    }  # fmt: skip
-    writer = make_writer(backend, source, metadata=meta).open()
-    with MultiSyncCollector(
-        [fast, slow], frames_per_batch=60, total_frames=300, preemptive_threshold=0.5
-    ) as collector:
-        for batch in collector:
-            writer.append(batch)
-            writer.commit()
-    writer.close("interrupted")
+    meta = {"config": "env:\n  kwargs:\n    length: 7\n"}
+    write_preempted(source, backend, meta, 7, 60, 300, status="interrupted")
     rows = open_dataset(source).episodes()
     mask = open_dataset(source).array("collector/mask")
     spans = [

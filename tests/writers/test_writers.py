@@ -16,7 +16,7 @@ from collect_cli.envs import env_factory
 from collect_cli.errors import OutputError
 from collect_cli.writers import check_output, make_writer, open_dataset
 from tests.conftest import out_path
-from tests.helpers import assert_split_on_done
+from tests.helpers import assert_split_on_done, write_preempted
 
 
 def write(path, backend, batches, planned=None, status="complete", **kw):
@@ -116,19 +116,7 @@ def test_a_running_dataset_may_hold_steps_ahead_and_a_complete_one_holds_its_own
 
 def test_an_episode_after_padding_starts_at_its_first_frame(tmp_path, backend):
     # a preempted worker pads its lanes' ends: the next batch starts after the padding
-    from collect_cli.collectors import MultiSyncCollector
-
-    fast = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.0, "length": 5})
-    slow = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.01, "length": 5})
-    path = out_path(tmp_path, backend)
-    w = make_writer(backend, path, metadata={}).open()
-    with MultiSyncCollector(
-        [fast, slow], frames_per_batch=40, total_frames=400, preemptive_threshold=0.5
-    ) as c:
-        for batch in c:
-            w.append(batch)
-            w.commit()
-    w.close()
+    path = write_preempted(out_path(tmp_path, backend), backend, {}, 5, 40, 400)
     ds = open_dataset(path)
     rows, traj, mask = ds.episodes(), ds.array("collector/traj_ids"), ds.array("collector/mask")
     after_padding = 0
