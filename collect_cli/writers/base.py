@@ -437,6 +437,12 @@ class Writer(abc.ABC):
         self.finals = int(valid[-1]) + 1 if len(valid) else 0
         self._cut_finals(self.finals)
 
+    def _steps_to_allocate(self, allocated: int, needed: int) -> int:
+        """Time steps a backend allocates ahead once ``needed`` no longer fit in the
+        ``allocated`` ones: the planned steps of a finite run, doubling for an endless
+        one (or past the plan)."""
+        return max(needed, self.planned_steps or 0, 2 * allocated)
+
     def _plan_layout(self, items: list[tuple[fmt.Key, np.ndarray]]) -> None:
         """Pick the observation keys stored once (first batch) and record the layout."""
         if fmt.lookahead(self.meta) > 1:

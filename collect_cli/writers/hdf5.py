@@ -672,13 +672,13 @@ class Hdf5Writer(Writer):
 
     def _allocate_steps(self, steps: int) -> None:
         """Grow the frame datasets' time extent to hold ``steps``, ahead as memmap's
-        capacity grows: to the planned steps of a finite run, doubling for an endless
-        one. An extent changed at every batch rewrote every frame dataset's header at
-        each commit (~8% of the writer's time on 1000-frame batches, measured);
-        :meth:`_close` cuts the extent to the steps written."""
+        capacity grows (:meth:`_steps_to_allocate`). An extent changed at every batch
+        rewrote every frame dataset's header at each commit (~8% of the writer's time
+        on 1000-frame batches, measured); :meth:`_close` cuts the extent to the steps
+        written."""
         extent = next(iter(self._frames.values())).shape[1]
         if steps > extent:
-            extent = max(steps, self.planned_steps or 0, 2 * extent)
+            extent = self._steps_to_allocate(extent, steps)
             for block in self._frames.values():
                 block.resize(extent, axis=1)
 

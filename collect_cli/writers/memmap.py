@@ -290,7 +290,7 @@ class MemmapWriter(Writer):
         for key in self.final_specs:
             self._file(key).parent.mkdir(parents=True, exist_ok=True)
             self._final_files[key] = open(self._file(key), "wb")  # noqa: SIM115 (closed in _close)
-        self._resize(max(self.planned_steps or 0, items[0][1].shape[1]), lanes)
+        self._resize(self._steps_to_allocate(0, items[0][1].shape[1]), lanes)
 
     # durability D10 (docs/durability.md)
     def _resize(self, capacity: int, lane_capacity: int | None = None) -> None:
@@ -348,7 +348,7 @@ class MemmapWriter(Writer):
 
     def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
         if t0 + steps > self.capacity:
-            self._resize(max(2 * self.capacity, t0 + steps))
+            self._resize(self._steps_to_allocate(self.capacity, t0 + steps))
         for key, array in items:
             copy_into(self._maps[key][lanes, t0 : t0 + steps], array)
             self._lane_bytes[key] = array[0].nbytes if len(array) else 0
