@@ -71,6 +71,7 @@ Keys:   total_frames frames_per_batch device storing_device seed out
         collector.workers collector.start_method collector.preemptive_threshold
         writer.layout=auto|full|compact writer.compression=none|gzip|lzf|zstd|
         lz4|blosc2|blosc2-zstd writer.compression_level writer.chunk_frames
+        writer.commit_interval
         postproc.n postproc.gamma
         dataset.author dataset.author_email dataset.code_permalink
         dataset.description dataset.ref_min_score dataset.ref_max_score

@@ -165,6 +165,7 @@ class MultiSyncCollectorConfig(MultiCollectorConfig):
 class WriterConfig:
     name: str = MISSING
     layout: str = "auto"  # auto | full | compact (each image observation stored once)
+    commit_interval: float = 0.1  # seconds between commits at least (0: after every batch)
 
 
 @dataclass
@@ -422,6 +423,10 @@ def load(cfg: DictConfig) -> Settings:
     if not 0.0 < threshold <= 1.0:
         raise ConfigError(f"collector.preemptive_threshold must be in (0, 1], got {threshold}")
     _choice("writer.layout", writer.layout, LAYOUTS)
+    if not 0.0 <= writer.commit_interval < math.inf:
+        raise ConfigError(
+            f"writer.commit_interval must be a number of seconds >= 0, got {writer.commit_interval}"
+        )
     if isinstance(writer, Hdf5WriterConfig):
         _check_codec(writer.compression, writer.compression_level)
         if writer.chunk_frames < 1:

@@ -84,11 +84,14 @@ class Stream:
     ``postproc=multistep`` holds back each lane's last n-1 frames until the next
     batch decides their n-step targets; ``split_trajs`` holds each lane's running
     episode until it ends. :meth:`flush` writes what is held at a clean stop.
+    :meth:`write` commits as often as ``writer.commit_interval`` lets it.
     """
 
     def __init__(self, settings: Settings, writer):
         post = settings.postproc
         self.writer = writer
+        self._ended: list[float] = []  # the returns of episodes written, not yet committed
+        self._pending = False  # batches written since the last commit
         self.multistep = self.splitter = None
         if post.name == "multistep":
             from collect_cli.collectors.postproc import MultiStep
@@ -98,6 +101,26 @@ class Stream:
             from collect_cli.collectors.postproc import TrajectorySplitter
 
             self.splitter = TrajectorySplitter()
+
+    def write(self, lane_start: int, batch) -> list[float] | None:
+        """Push one batch, then commit if the writer's commit is due: the returns of
+        the episodes that commit made durable (all since the last one), or None."""
+        self._ended += self.push(lane_start, batch)
+        self._pending = True
+        if not self.writer.commit(when_due=True):
+            return None
+        return self._committed()
+
+    def commit(self) -> list[float] | None:
+        """Commit what :meth:`write` left uncommitted, if anything: as :meth:`write`."""
+        if not self._pending:
+            return None
+        self.writer.commit()
+        return self._committed()
+
+    def _committed(self) -> list[float]:
+        returns, self._ended, self._pending = self._ended, [], False
+        return returns
 
     def push(self, lane_start: int, batch) -> list:
         if self.multistep is not None:
@@ -138,7 +161,7 @@ class WriteBehind:
                                               what it holds
     ``start(collector, on_commit)``           take that collector's lent batches from now
                                               on; after each commit ``on_commit`` gets the
-                                              returns of the episodes it finished; a
+                                              returns of the episodes it made durable; a
                                               writer thread is the collector's to place
                                               (``place_helper``)
     ``reserve()``, then ``submit(lane_start,  one batch: ``reserve`` waits until fewer than
@@ -152,7 +175,9 @@ class WriteBehind:
 
     At most ``depth`` batches are in flight, so a collector that reuses ``depth``
     buffers in turn never overwrites a batch not yet on disk. Batches are written
-    in submission order. ``background=None`` decides at :meth:`start`: inline where
+    in submission order; a batch is committed with the first (the first batch
+    at once, then at most every ``writer.commit_interval`` seconds: :meth:`Stream.write`),
+    and :meth:`finish` commits the rest. ``background=None`` decides at :meth:`start`: inline where
     the collector keeps this process's GIL busy (:func:`writes_inline`). On its
     thread the writer calls ``on_commit`` there, and starts the kernel writing its
     frames out as it goes (``Writer.write_back``), so that closing the dataset does
@@ -220,10 +245,12 @@ class WriteBehind:
             self._raise()
 
     def finish(self) -> None:
-        """Write everything submitted, stop the thread; raise its error if any."""
+        """Write and commit everything submitted, stop the thread; raise its error if any."""
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        elif not self.background and self.stream is not None and self._error is None:
+            self._report(self.stream.commit)
         self._raise()
 
     def flush(self) -> list[float]:
@@ -248,18 +275,25 @@ class WriteBehind:
         while (item := self._queue.get()) is not None:
             if not self._write(*item):
                 return
+        self._report(self.stream.commit)
 
     def _write(self, lane_start: int, batch: Any) -> bool:
-        """Push, commit and report one batch; False (the error kept) if that failed."""
+        """Write one batch, committed and reported if due; False (the error kept) if
+        that failed."""
         try:
-            returns = self.stream.push(lane_start, batch)
-            self.stream.writer.commit()
+            return self._report(lambda: self.stream.write(lane_start, batch))
+        finally:  # the batch's buffer may be reused (a collector in reserve() wakes up)
+            self._free.release()
+
+    def _report(self, commit: Callable[[], list[float] | None]) -> bool:
+        """Run ``commit``; if it committed, report it; False (the error kept) if it failed."""
+        try:
+            returns = commit()
             if self.background:  # the disk works while the next batch is collected
                 self.stream.writer.write_back()
-            self.on_commit(returns)
+            if returns is not None:
+                self.on_commit(returns)
         except BaseException as exc:  # re-raised in the collecting thread
             self._error = exc
             return False
-        finally:  # the batch's buffer may be reused (a collector in reserve() wakes up)
-            self._free.release()
         return True

@@ -16,8 +16,11 @@ Protocol (one duplex pipe, main <-> writer), in the order of
     writer -> main   ("opened", counters)
     main -> writer   ("buffers", SharedStores)       where batches come from, at most once
     writer -> main   ("mapped", None)
-    main -> writer   ("batch", (lane_start, index))  write and commit that buffer's batch
-    writer -> main   ("committed", (returns, counters))
+    main -> writer   ("batch", (lane_start, index))  write that buffer's batch, committed
+                                                     if due (``Stream.write``)
+    writer -> main   ("written", (returns, counters))  returns: None if not committed
+    main -> writer   ("commit", None)                commit what is not yet
+    writer -> main   ("committed", (returns, counters))  (returns: None if nothing was)
     main -> writer   ("flush", None)                 write what the stream held back
     writer -> main   ("flushed", (returns, counters))
     main -> writer   ("close", status)               close the dataset (if open), then exit
@@ -154,7 +157,8 @@ class WriterProcess:
     def finish(self) -> None:
         while self._in_flight and self._error is None:
             self._receive()
-        self._raise()
+        self._send("commit", None)
+        self._expect("committed")
 
     def flush(self) -> list[float]:
         self._send("flush", None)
@@ -230,11 +234,12 @@ class WriterProcess:
             exc.worker_traceback = trace  # printed by the CLI with debug=true
             self._error = exc
             raise exc
-        if kind == "committed":
+        if kind in ("written", "committed"):
             returns, counters = payload
-            self._in_flight -= 1
+            self._in_flight -= kind == "written"
             self._counters(counters)
-            self.on_commit(returns)
+            if returns is not None:
+                self.on_commit(returns)
         return kind, payload
 
     def _expect(self, kind: str) -> Any:
@@ -290,10 +295,11 @@ def writer_main(conn, settings: Settings, parent_pid: int) -> None:
                 conn.send(("mapped", None))
             elif command == "batch":
                 lane_start, index = arg
-                returns = stream.push(lane_start, batches[index])
-                writer.commit()
+                returns = stream.write(lane_start, batches[index])
                 writer.write_back()  # the disk works while the next batch is collected
-                conn.send(("committed", (returns, _counters(writer))))
+                conn.send(("written", (returns, _counters(writer))))
+            elif command == "commit":
+                conn.send(("committed", (stream.commit(), _counters(writer))))
             elif command == "flush":
                 conn.send(("flushed", (stream.flush(), _counters(writer))))
             else:

@@ -47,6 +47,40 @@ def test_signal_flushes_and_exits_130(tmp_path, backend, sig):
     assert sig.name in stderr
 
 
+def test_a_commit_every_commit_interval_and_a_stop_commits_the_rest(tmp_path, backend):
+    """``writer.commit_interval``: the first batch is committed at once, later ones
+    once the interval has passed. A kill -9 within it leaves the first batch's
+    frames (sound, and resume=true continues them); a SIGINT commits all written."""
+    from tests.helpers import kill_group
+
+    args = ["frames_per_batch=200", f"writer={backend}", "writer.commit_interval=3600"]
+    args += ["total_frames=-1", "progress=none"]
+    killed, stopped = out_path(tmp_path, backend, "killed"), out_path(tmp_path, backend, "stopped")
+    proc = start_run([*args, f"out={killed}"], tmp_path, start_new_session=True)
+    wait_for_frames(killed, proc, minimum=200)
+    time.sleep(1.0)  # thousands of frames written meanwhile, none committed
+    assert open_dataset(killed).meta["frames"] == 200
+    kill_group(proc.pid)
+    proc.communicate()
+    meta = assert_consistent(killed)
+    assert (meta["status"], meta["frames"]) == ("running", 200)
+    resume = [a for a in args if a != "total_frames=-1"] + ["total_frames=1000", "resume=true"]
+    resumed = start_run([*resume, f"out={killed}"], tmp_path)
+    assert resumed.wait(timeout=60) == 0, resumed.communicate()
+    assert assert_consistent(killed)["status"] == "complete"
+
+    proc = start_run([*args, f"out={stopped}"], tmp_path)
+    wait_for_frames(stopped, proc, minimum=200)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    meta = assert_consistent(stopped)
+    assert meta["status"] == "interrupted"
+    assert meta["frames"] == summary["frames"] > 1000
+
+
 needs_writer_process = pytest.mark.skipif(
     not writer_process.available(), reason="a writer process needs Linux and two cores"
 )

@@ -51,6 +51,8 @@ def test_groups_and_memmap_default_out():
         (["policy.activation=relu"], "activation"),
         (["writer.compression=brotli"], "choose from none, gzip, lzf, zstd, lz4, blosc2"),
         (["writer.layout=sparse"], "choose from auto, full, compact"),
+        (["writer.commit_interval=-1"], "writer.commit_interval must be a number of seconds"),
+        (["writer=memmap", "writer.commit_interval=nan"], "writer.commit_interval"),
         (["writer.compression=zstd", "writer.compression_level=0"], "out of range"),
         (["progress=loud"], "choose from auto"),
         (["env.num_envs=0"], "num_envs"),

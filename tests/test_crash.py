@@ -143,6 +143,7 @@ def test_kill_at_each_write_of_hdf5_commits_leaves_a_sound_file(tmp_path):
     from collect_cli.validate import validate
 
     args = ["env=Pendulum", "total_frames=-1", "frames_per_batch=200", "writer=hdf5"]
+    args.append("writer.commit_interval=0")  # a commit per batch: the phases below
     points = list(range(150, 250, 7))  # the first commit ends near write 110, then ~40 each
     status = kill_runs(tmp_path, points, [*args, "progress=none"])
     assert all(status[k] in CUT for k in points)  # every run was cut
@@ -161,7 +162,7 @@ def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
     from collect_cli.writers.hdf5 import read_meta
 
     args = ["env=Pendulum", "total_frames=600", "frames_per_batch=200", "writer=hdf5"]
-    args.append("progress=none")
+    args += ["progress=none", "writer.commit_interval=0"]
     writes = kill_runs(tmp_path, [0], args)[0]
     points = [*range(1, 120, 4), *range(writes - 40, writes + 1, 2)]  # published near 110
     status = kill_runs(tmp_path, points, args)
@@ -192,7 +193,7 @@ def test_kill_at_writes_of_a_split_trajs_hdf5_run_leaves_a_sound_file(tmp_path):
     from collect_cli.writers.hdf5 import read_meta
 
     args = ["env=Pendulum", "total_frames=3200", "frames_per_batch=200", "split_trajs=true"]
-    args += ["writer=hdf5", "progress=none"]
+    args += ["writer=hdf5", "progress=none", "writer.commit_interval=0"]
     points = list(range(20, 240, 8))  # the whole run (its writes: about 235)
     status = kill_runs(tmp_path, points, args)
     lanes = []

@@ -56,9 +56,9 @@ def make_sink(kind: str, backend: str, path):
     return WriteBehind(s, depth=2, background=kind == "thread")
 
 
-def spec(backend: str, path) -> WriterSpec:
+def spec(backend: str, path, **options) -> WriterSpec:
     meta = {"env_id": "CartPole-v1", "config": "env: CartPole"}
-    return WriterSpec(backend, path, {"metadata": meta, "overwrite": True, "lanes": 3})
+    return WriterSpec(backend, path, {"metadata": meta, "overwrite": True, "lanes": 3, **options})
 
 
 def drive(sink, c, on_commit=lambda returns: None) -> None:
@@ -121,6 +121,26 @@ def test_the_writing_half_writes_what_direct_writing_writes(tmp_path, backend, k
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
     assert meta["frames"] == FRAMES
+
+
+@pytest.mark.parametrize("kind", SINKS)
+def test_the_writing_half_commits_when_due_and_finish_commits_the_rest(tmp_path, backend, kind):
+    """With a commit interval longer than the run, the first batch is committed at
+    once and :meth:`finish` commits the other nine; both commits are reported, with
+    every episode they made durable."""
+    path = out_path(tmp_path, backend)
+    sink = make_sink(kind, backend, path)
+    sink.open(spec(backend, path, commit_interval=3600))
+    commits: list[list[float]] = []
+    with collector(return_same_td=True, batch_buffers=2) as c:
+        drive(sink, c, commits.append)
+        assert assert_consistent(path)["frames"] == FRAMES  # finished: all committed
+        sink.close("complete")
+    assert len(commits) == 2
+    meta = assert_consistent(path)
+    assert meta["frames"] == sink.frames == FRAMES
+    ended = open_dataset(path).episodes()
+    assert commits[0] + commits[1] == ended["return"][ended["complete"]].tolist()
 
 
 @pytest.mark.parametrize("kind", SINKS)
@@ -234,6 +254,7 @@ def test_a_multisync_runs_writer_thread_follows_the_workers_with_one_worker_a_cp
     out = tmp_path / "ds.h5"
     overrides = ["env=CartPole", "env.num_envs=4", "collector=multisync", "collector.workers=2"]
     overrides += ["frames_per_batch=200", "total_frames=4000", f"out={out}"]
+    overrides.append("writer.commit_interval=0")  # a commit, and its report, per batch
     with on_two_cpus() as two:
         result = run(config.load(config.compose(overrides)), progress=progress)
     assert result.frames == 4000

@@ -321,12 +321,16 @@ class Writer(abc.ABC):
         lanes: int | None = None,
         layout: str = fmt.AUTO,
         owner: int | None = None,
+        commit_interval: float = 0.0,
     ):
         """``owner``: the pid of the run this writer writes for, which the staging
         dataset's name carries (default: this process; a run's writer process has
-        the run's)."""
+        the run's). ``commit_interval``: seconds from one commit to the next at least,
+        for ``commit(when_due=True)``."""
         self.path = Path(path)
         self.owner = owner or os.getpid()
+        self.commit_interval = commit_interval
+        self._last_commit: float | None = None  # when the last commit ended (monotonic)
         self.layout = layout  # auto | full | compact: how observations are stored
         # observation keys stored once (compact layout), and the final/ table's specs
         self.compact: list[fmt.Key] = []
@@ -568,12 +572,20 @@ class Writer(abc.ABC):
         return rows
 
     # durability D1, D4 (docs/durability.md)
-    def commit(self) -> None:
-        """Make everything appended so far durable and visible to readers.
+    def commit(self, when_due: bool = False) -> bool:
+        """Make everything appended so far durable and visible to readers; with
+        ``when_due``, only once ``commit_interval`` seconds have passed since the last
+        commit (the first is due at once: it publishes the dataset). Whether it did.
 
         Frames past a lane's ``lane_steps`` entry may already be on disk after a
         crash; they are not part of the dataset until committed.
         """
+        if (
+            when_due
+            and self._last_commit is not None
+            and time.monotonic() - self._last_commit < self.commit_interval
+        ):
+            return False
         self.meta.update(
             frames=self.frames,
             steps=self.steps,
@@ -589,6 +601,8 @@ class Writer(abc.ABC):
                 self.path, self._publish_at = self._publish_at, None
         except OSError as exc:
             raise self._os_error(exc) from exc
+        self._last_commit = time.monotonic()
+        return True
 
     # durability D11 (docs/durability.md)
     def write_back(self) -> None:

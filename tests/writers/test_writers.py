@@ -17,7 +17,7 @@ from collect_cli.envs import env_factory
 from collect_cli.errors import OutputError
 from collect_cli.writers import check_output, make_writer, open_dataset
 from tests.conftest import out_path
-from tests.helpers import assert_split_on_done, write_preempted
+from tests.helpers import assert_consistent, assert_split_on_done, write_preempted
 
 
 def write(path, backend, batches, planned=None, status="complete", **kw):
@@ -90,6 +90,32 @@ def test_commit_makes_data_visible_while_running(tmp_path, backend, batches):
     meta = open_dataset(path).meta
     assert meta["status"] == "running" and meta["frames"] == batches[0].numel()
     w.close()
+
+
+def test_a_commit_when_due_waits_for_the_commit_interval(tmp_path, backend, batches):
+    """``commit(when_due=True)`` commits the first batch at once (publishing the
+    dataset), then only once ``commit_interval`` seconds have passed; a plain
+    ``commit()`` and ``close`` commit whatever was appended."""
+    path = out_path(tmp_path, backend)
+    meta = {"env_id": "CartPole-v1", "config": "env: CartPole"}
+    w = make_writer(backend, path, metadata=meta, commit_interval=3600).open()
+    w.append(batches[0])
+    assert w.commit(when_due=True)
+    for batch in batches[1:3]:
+        w.append(batch)
+        assert not w.commit(when_due=True)
+    assert open_dataset(path).meta["frames"] == batches[0].numel()  # on disk: the first
+    assert w.commit()
+    assert open_dataset(path).meta["frames"] == 3 * batches[0].numel()
+    w.commit_interval = 0.0
+    w.append(batches[3])
+    assert w.commit(when_due=True)
+    w.append(batches[4])
+    w.commit_interval = 3600
+    assert not w.commit(when_due=True)
+    w.close()
+    meta = assert_consistent(path)
+    assert (meta["status"], meta["frames"]) == ("complete", 5 * batches[0].numel())
 
 
 @pytest.mark.parametrize("planned", [None, 500])
