@@ -343,7 +343,8 @@ class Writer(abc.ABC):
         self.cursor = np.zeros(0, np.int64)  # time steps written, per lane
         self.steps = 0  # the longest lane's time steps
         self.frames = 0  # committed valid frames
-        self.episodes = 0
+        self.episodes = 0  # episode rows, counted when they end (stored at a commit)
+        self._held_rows: list[Rows] = []  # rows not yet stored: the next commit stores them
         self.next_traj_id = 0  # the first trajectory id a continuation may use (reopen)
         self.tracker: EpisodeTracker | None = None
         self._created = False
@@ -424,8 +425,7 @@ class Writer(abc.ABC):
                     reward, _ = fmt.own_step(self._get, traj.shape)
                     rows = fmt.tail_rows(traj, mask, reward, self.cursor, set(known.tolist()))
                     self._flag_cuts(*fmt.cut_points(rows, mask, self.cursor))
-                    self._write_episodes(rows, self.episodes)
-                    self.episodes += len(rows["traj_id"])
+                    self._add_rows(rows)
             self.commit()
         except OSError as exc:
             raise self._os_error(exc) from exc
@@ -561,15 +561,28 @@ class Writer(abc.ABC):
             arrays = dict(items)
             rows = self.tracker.update(arrays, t0, lane_start)
             self._flag_cuts(*self.tracker.cuts)
-            self._write_episodes(rows, self.episodes)
         except OSError as exc:
             raise self._os_error(exc) from exc
         self.cursor[group] = t0 + steps
         self._unsynced += sum(a.nbytes for _, a in items)
         self.steps = int(self.cursor.max())
         self.frames += int(np.count_nonzero(arrays[MASK_KEY]))
-        self.episodes += len(rows["traj_id"])
+        self._add_rows(rows)
         return rows
+
+    def _add_rows(self, rows: Rows) -> None:
+        """Count episode rows now, store them at the next commit: one write a commit
+        for each column, not one a batch (rows not committed are not part of the
+        dataset anyway)."""
+        if len(rows["traj_id"]):
+            self._held_rows.append(rows)
+            self.episodes += len(rows["traj_id"])
+
+    def _store_rows(self) -> None:
+        if self._held_rows:
+            rows = fmt.concat_rows(self._held_rows)
+            self._write_episodes(rows, self.episodes - len(rows["traj_id"]))
+            self._held_rows = []
 
     # durability D1, D4 (docs/durability.md)
     def commit(self, when_due: bool = False) -> bool:
@@ -593,6 +606,7 @@ class Writer(abc.ABC):
             **{fmt.LANE_STEPS: self.cursor.tolist()},
         )
         try:
+            self._store_rows()
             self._commit()
             # the first commit with frame storage made (split_trajs commits rows only
             # once episodes end), or the last: the dataset appears
@@ -631,8 +645,7 @@ class Writer(abc.ABC):
             if self.tracker is not None:
                 rows = self.tracker.finish()
                 self._flag_cuts(*self.tracker.cuts)
-                self._write_episodes(rows, self.episodes)
-                self.episodes += len(rows["traj_id"])
+                self._add_rows(rows)
             # the data and counters first, like any commit; then the status alone, so
             # a kill while it is written can cost nothing but the status itself
             self.commit()
