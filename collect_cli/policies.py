@@ -180,6 +180,8 @@ class MlpPolicy(nn.Module):
             layers += [nn.Linear(a, b), ACTIVATIONS[activation]()]
         layers.append(nn.Linear(sizes[-1], out_dim))
         self.net = nn.Sequential(*layers)
+        self._layers = tuple(layers)  # a plain tuple: no Module.__getattr__ a step
+        self._start = int(action_space.start) if isinstance(action_space, spaces.Discrete) else 0
 
     def forward(self, td: TensorDict) -> TensorDict:
         n = td.batch_size[0]
@@ -190,31 +192,34 @@ class MlpPolicy(nn.Module):
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         """The action for the observation tensor of a single-leaf observation space:
         :meth:`forward` without the TensorDict, the same values."""
-        return self._action(obs.reshape(obs.shape[0], -1).float())
+        if obs.dim() != 2 or obs.dtype != torch.float32:
+            obs = obs.reshape(obs.shape[0], -1).float()
+        return self._action(obs)
 
     def _action(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
-        for layer in self.net:  # without nn.Module.__call__'s hook dispatch (~3 us a layer)
+        for layer in self._layers:  # without nn.Module.__call__'s hook dispatch (~3 us a layer)
             x = layer.forward(x)
         y = x
         space = self.action_space
         if isinstance(space, spaces.Box):
             # low + (tanh(y) + 1) * 0.5 * (high - low), in place, in that order
-            squashed = torch.tanh(y).add_(1).mul_(0.5).mul_(self.span).add_(self.low)
+            buffers = self._buffers  # not Module.__getattr__'s search
+            squashed = torch.tanh(y).add_(1).mul_(0.5).mul_(buffers["span"]).add_(buffers["low"])
             if not self.all_bounded:
-                squashed = torch.where(self.bounded.flatten(), squashed, y)
-            action = squashed.reshape(n, *space.shape)
+                squashed = torch.where(buffers["bounded"].flatten(), squashed, y)
+            action = squashed if len(space.shape) == 1 else squashed.reshape(n, *space.shape)
         elif isinstance(space, spaces.Discrete):
             action = y.argmax(-1)
-            if int(space.start):
-                action = action + int(space.start)
+            if self._start:
+                action = action + self._start
         elif isinstance(space, spaces.MultiDiscrete):
             chunks = y.split([int(k) for k in space.nvec.flatten()], dim=-1)
             action = torch.stack([c.argmax(-1) for c in chunks], -1).reshape(n, *space.shape)
             action = action + torch.as_tensor(space.start, device=y.device)
         else:
             action = (y > 0).reshape(n, *space.shape)
-        return action.to(self.action_dtype)
+        return action if action.dtype == self.action_dtype else action.to(self.action_dtype)
 
 
 class ObservationPolicy(nn.Module):
