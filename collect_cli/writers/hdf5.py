@@ -144,6 +144,8 @@ class Block:
         "_tail",
         "_tail_at",
         "ds",
+        "flags",
+        "indexed",
         "shape",
     )
 
@@ -152,6 +154,9 @@ class Block:
         self._id = ds.id
         self._chunk: tuple[int, ...] = ds.chunks or ()
         self._direct = bool(self._chunk) and ds.id.get_create_plist().get_nfilters() == 0
+        self.flags = ds.dtype == np.bool_ and not ds.fillvalue  # unwritten chunks read False
+        # whether the chunk index exists (HDF5 makes it with the first chunk)
+        self.indexed = bool(self._chunk) and ds.id.get_num_chunks() > 0
         self._mem: Any = None  # the memory dataspace of the last block written through the cache
         self._mem_shape: tuple[int, ...] = ()
         self._tail: np.ndarray | None = None  # append(): the chunk holding the last rows
@@ -210,6 +215,7 @@ class Block:
         if grown != list(shape):
             self._id.set_extent(tuple(grown))
             self._extent_changed(tuple(grown))
+        self.indexed = True
         if on_grid:
             self._write_chunks(start, array)
             return
@@ -664,11 +670,22 @@ class Hdf5Writer(Writer):
             self._finals[key].write((start,), np.ascontiguousarray(array))
 
     def _write_frames(self, items, lanes: slice, t0: int, steps: int) -> None:
+        """Each frame is written once, into extents grown ahead. So a flag block with
+        no flag set (root flags, ``terminated`` of an env that never ends: most
+        batches) is left unwritten, and its chunks read as the fill value, False,
+        once its dataset has a chunk index: the first batch makes every one
+        (durability D8: a commit that made an index would write the header
+        pointing to it before the index). A resumed run cuts the frames to the
+        committed steps first (:meth:`_drop_uncommitted`), which gives what a
+        killed run wrote past them the fill value again."""
         self._reserve(2 * sum(array.nbytes for _, array in items))
         self._allocate_steps(t0 + steps)
         start = (lanes.start or 0, t0)
         for key, array in items:
-            self._frames[key].write(start, fmt.fixed_bytes(array) if key in self._text else array)
+            block = self._frames[key]
+            if block.flags and block.indexed and not array.any():
+                continue
+            block.write(start, fmt.fixed_bytes(array) if key in self._text else array)
 
     def _allocate_steps(self, steps: int) -> None:
         """Grow the frame datasets' time extent to hold ``steps``, ahead as memmap's

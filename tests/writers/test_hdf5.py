@@ -75,6 +75,51 @@ def test_the_time_extent_grows_ahead_and_is_cut_to_the_steps_at_close(
     assert validate(path) == []
 
 
+def test_flag_blocks_with_no_flag_set_are_left_unwritten_and_read_false(tmp_path, batches):
+    path = tmp_path / "x.h5"
+    w = make_writer("hdf5", path, metadata=META).open()
+    for batch in batches:
+        w.append(batch)
+        w.commit()
+    w.close()
+    with h5py.File(path, "r", locking=False) as f:
+        assert not f["done"][()].any() and f["done"].shape == (3, 100, 1)  # root flags: never set
+        assert f["done"].id.get_num_chunks() == 1  # the first batch's: it makes the index
+        assert f["next/done"].id.get_num_chunks() > 0  # CartPole's episodes end
+        done = np.concatenate([b["next", "done"].numpy() for b in batches], 1)
+        done[:, -1] = True  # closing cuts each lane's running episode there
+        np.testing.assert_array_equal(f["next/done"][()], done)
+    assert validate(path) == []
+
+
+def test_a_resumed_run_reads_no_flag_a_killed_one_wrote_past_its_last_commit(tmp_path, batches):
+    # the killed run set root flags in a batch it never committed; the resumed run
+    # writes the same frames with none set, which it leaves unwritten
+    path = tmp_path / "x.h5"
+    pid = os.fork()
+    if pid == 0:  # the killed run
+        try:
+            w = make_writer("hdf5", path, metadata=META).open()
+            w.append(batches[0])
+            w.commit()
+            flagged = batches[1].clone()
+            flagged["done"][:] = True
+            w.append(flagged)
+            w._file.flush()  # HDF5's writes of that batch reach the file object...
+        finally:
+            os._exit(0)  # ...and the process dies before the commit
+    assert os.waitpid(pid, 0)[1] == 0
+    w = make_writer("hdf5", path, metadata=META).reopen()
+    assert w.steps == 20
+    for batch in batches[1:]:
+        w.append(batch)
+        w.commit()
+    w.close()
+    with h5py.File(path, "r", locking=False) as f:  # (the batches' ids continue the cut
+        assert f["collector/mask"][()].all()  # episodes: a real resume starts new ones)
+        assert f["done"].shape == (3, 100, 1) and not f["done"][()].any()
+
+
 @pytest.mark.parametrize("dtype", ["f4", "i8", "?"])
 def test_block_writes_equal_numpy_through_both_paths(tmp_path, dtype):
     rng = np.random.default_rng(0)
