@@ -27,6 +27,11 @@ log = logging.getLogger("rlcollect")
 # batches out of buffers it reuses only after this many more (see run.py).
 DEPTH = 2
 
+# A joined batch holds this many frames and bytes at most: the writer's cost is
+# mostly per batch (docs/performance.md, "Small batches are joined before the writer").
+JOIN_FRAMES = 4096
+JOIN_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class WriterSpec:
@@ -78,13 +83,95 @@ def pump(sink, batches, stopped: Callable[[], bool] = lambda: False) -> None:
     sink.finish()
 
 
+def joins(settings: Settings) -> bool:
+    """Whether a run's small batches may be joined before the writer: not where a
+    batch boundary means something (``postproc=multistep`` and ``split_trajs`` hold
+    frames across it, ``reset_at_each_iter`` starts every lane afresh at it)."""
+    return not (
+        settings.postproc.name == "multistep"
+        or settings.split_trajs
+        or settings.rollout.reset_at_each_iter
+    )
+
+
+def join_count(batch) -> int:
+    """How many batches like ``batch`` one joined batch holds: 1 (none joined) unless
+    it is a ``[lanes, time]`` TensorDict of CPU tensors."""
+    import torch
+    from tensordict import TensorDict, is_leaf_nontensor
+
+    if not isinstance(batch, TensorDict) or batch.batch_dims != 2 or not batch.numel():
+        return 1
+    leaves = list(batch.values(True, True, is_leaf=is_leaf_nontensor))
+    if not all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in leaves):
+        return 1
+    size = sum(v.numel() * v.element_size() for v in leaves)
+    return max(1, min(JOIN_FRAMES // batch.numel(), JOIN_BYTES // max(size, 1)))
+
+
+class Joiner:
+    """Joins consecutive batches of one lane group in time, so that the writer appends
+    a few large batches rather than many small ones.
+
+    ``add(lane_start, batch)`` returns the ``(lane_start, batch)`` pairs to append
+    now, in order; ``drain()`` returns the one batch joined from those held, or None,
+    and holds nothing after. A joined batch is a view of the joiner's stage: append it
+    before the next ``add``. The stream drains before every commit, so a commit holds
+    every batch added before it, joined or not, and a kill loses no more than it did.
+
+    The first batch decides ``count``, the batches a joined one holds (:func:`join_count`,
+    up to ``JOIN_FRAMES`` frames and ``JOIN_BYTES`` bytes): each batch is copied into
+    the stage, which is handed out once it holds ``count``. With ``count`` 1 every
+    batch passes through uncopied. A batch of another lane group or shape than the
+    first (asynchronous workers take turns) drains the stage and sets ``count`` to 1
+    for good.
+    """
+
+    def __init__(self):
+        self.count: int | None = None
+        self._shape: tuple[int, ...] = ()  # (lane_start, lanes, steps) of the batches joined
+        self._stage = None  # [lanes, count * steps], of the first batch's leaves
+        self._held = 0
+
+    def add(self, lane_start: int, batch) -> list[tuple[int, Any]]:
+        shape = (lane_start, *batch.batch_size)
+        if self.count is None:
+            self.count, self._shape = join_count(batch), shape
+        if self.count > 1 and shape != self._shape:
+            held = self.drain()
+            self.count = 1
+            return ([held] if held is not None else []) + [(lane_start, batch)]
+        if self.count == 1:
+            return [(lane_start, batch)]
+        steps = shape[2]
+        if self._stage is None:
+            lanes, count = shape[1], self.count
+            self._stage = batch.apply(
+                lambda v: v.new_empty((lanes, count * steps, *v.shape[2:])),
+                batch_size=[lanes, count * steps],
+            )
+        self._stage[:, self._held * steps : (self._held + 1) * steps].copy_(batch)
+        self._held += 1
+        if self._held < self.count:
+            return []
+        self._held = 0
+        return [(lane_start, self._stage)]
+
+    def drain(self) -> tuple[int, Any] | None:
+        if not self._held:
+            return None
+        held, self._held = self._held, 0
+        return self._shape[0], self._stage[:, : held * self._shape[2]]
+
+
 class Stream:
     """collector batches -> (multistep) -> (episode rows) -> writer, one way.
 
     ``postproc=multistep`` holds back each lane's last n-1 frames until the next
     batch decides their n-step targets; ``split_trajs`` holds each lane's running
     episode until it ends. :meth:`flush` writes what is held at a clean stop.
-    :meth:`write` commits as often as ``writer.commit_interval`` lets it.
+    :meth:`write` commits as often as ``writer.commit_interval`` lets it, small
+    batches joined in between (:class:`Joiner`; not when it commits every batch).
     """
 
     def __init__(self, settings: Settings, writer):
@@ -101,22 +188,33 @@ class Stream:
             from collect_cli.collectors.postproc import TrajectorySplitter
 
             self.splitter = TrajectorySplitter()
+        joined = joins(settings) and writer.commit_interval > 0
+        self.joiner = Joiner() if joined else None
 
     def write(self, lane_start: int, batch) -> list[float] | None:
         """Push one batch, then commit if the writer's commit is due: the returns of
         the episodes that commit made durable (all since the last one), or None."""
-        self._ended += self.push(lane_start, batch)
         self._pending = True
-        if not self.writer.commit(when_due=True):
+        if self.joiner is None:
+            self._ended += self.push(lane_start, batch)
+        else:
+            for item in self.joiner.add(lane_start, batch):
+                self._ended += self.push(*item)
+        if not self.writer.commit_due():
             return None
-        return self._committed()
+        return self.commit()
 
     def commit(self) -> list[float] | None:
         """Commit what :meth:`write` left uncommitted, if anything: as :meth:`write`."""
         if not self._pending:
             return None
+        self._ended += self._drain()
         self.writer.commit()
         return self._committed()
+
+    def _drain(self) -> list[float]:
+        held = self.joiner.drain() if self.joiner is not None else None
+        return self.push(*held) if held is not None else []
 
     def _committed(self) -> list[float]:
         returns, self._ended, self._pending = self._ended, [], False
@@ -137,8 +235,13 @@ class Stream:
             lane_start = self.writer.lanes or 0
         return self.writer.append(batch, lane_start)["return"].tolist()
 
+    def close(self, status: str) -> None:
+        """Append what the joiner holds (a run cut short), then close the writer."""
+        self._drain()
+        self.writer.close(status)
+
     def flush(self) -> list:
-        returns = []
+        returns = self._drain()
         if self.multistep is not None:
             for lane_start, batch in self.multistep.flush():
                 returns += self._write(lane_start, batch)
@@ -175,9 +278,10 @@ class WriteBehind:
 
     At most ``depth`` batches are in flight, so a collector that reuses ``depth``
     buffers in turn never overwrites a batch not yet on disk. Batches are written
-    in submission order; a batch is committed with the first (the first batch
-    at once, then at most every ``writer.commit_interval`` seconds: :meth:`Stream.write`),
-    and :meth:`finish` commits the rest. ``background=None`` decides at :meth:`start`: inline where
+    in submission order; a batch is committed with the first commit due (the first
+    batch at once, then at most every ``writer.commit_interval`` seconds, small
+    batches appended joined in between: :meth:`Stream.write`), and :meth:`finish`
+    commits the rest. ``background=None`` decides at :meth:`start`: inline where
     the collector keeps this process's GIL busy (:func:`writes_inline`). On its
     thread the writer calls ``on_commit`` there, and starts the kernel writing its
     frames out as it goes (``Writer.write_back``), so that closing the dataset does
@@ -257,7 +361,7 @@ class WriteBehind:
         return self.stream.flush()
 
     def close(self, status: str) -> None:
-        self.stream.writer.close(status)
+        self.stream.close(status)
 
     def abort(self) -> None:
         try:  # the batches already collected still reach the disk

@@ -281,7 +281,7 @@ def writer_main(conn, settings: Settings, parent_pid: int) -> None:
                     if failed:
                         close_quietly(writer, fmt.INTERRUPTED)
                     else:
-                        writer.close(arg)
+                        stream.close(arg)
                 conn.send(("closed", _counters(writer)))
                 return
             if failed:

@@ -11,11 +11,12 @@ import time
 import numpy as np
 import pytest
 import torch
+from tensordict import NonTensorData, TensorDict
 
-from collect_cli import config, writer_process
+from collect_cli import config, stream, writer_process
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
-from collect_cli.stream import Stream, WriteBehind, WriterSpec, pump
+from collect_cli.stream import Joiner, Stream, WriteBehind, WriterSpec, joins, pump
 from collect_cli.threads import SERIAL_ELEMENTS
 from collect_cli.writers import open_dataset
 from tests.conftest import out_path
@@ -141,6 +142,129 @@ def test_the_writing_half_commits_when_due_and_finish_commits_the_rest(tmp_path,
     assert meta["frames"] == sink.frames == FRAMES
     ended = open_dataset(path).episodes()
     assert commits[0] + commits[1] == ended["return"][ended["complete"]].tolist()
+
+
+@pytest.mark.parametrize("kind", SINKS)
+def test_small_batches_are_joined_and_written_as_appended_one_by_one(
+    tmp_path, backend, kind, monkeypatch
+):
+    """With commits far apart, the nine batches after the first reach the writer as
+    one [3, 540] append, and the dataset (frames, episodes, traj ids) is the one that
+    appending them one by one writes."""
+    direct, joined = out_path(tmp_path, backend, "direct"), out_path(tmp_path, backend, "joined")
+    writer = spec(backend, direct).open()
+    with collector() as c:
+        for lane_start, batch in c.iter_with_lanes():
+            writer.append(batch, lane_start)
+            writer.commit()
+    writer.close()
+
+    appended = []
+    append = type(writer).append
+
+    def counted(self, batch, lane_start=0):
+        appended.append(tuple(batch.batch_size))
+        return append(self, batch, lane_start)
+
+    monkeypatch.setattr(type(writer), "append", counted)
+    sink = make_sink(kind, backend, joined)
+    sink.open(spec(backend, joined, commit_interval=3600))
+    with collector(return_same_td=True, batch_buffers=2) as c:
+        drive(sink, c)
+        sink.close("complete")
+    if kind != "process":  # the process counts its own appends
+        assert appended == [(3, 20), (3, 180)]
+    assert assert_consistent(joined)["frames"] == FRAMES
+    a, b = read_all(direct), read_all(joined)
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    episodes_a, episodes_b = open_dataset(direct).episodes(), open_dataset(joined).episodes()
+    for key in episodes_a:
+        np.testing.assert_array_equal(episodes_a[key], episodes_b[key], err_msg=key)
+
+
+def small_batch(value: float, lanes: int = 2, steps: int = 3) -> TensorDict:
+    obs = torch.full((lanes, steps, 4), value)
+    return TensorDict({"obs": obs, ("next", "done"): obs[..., 0] > 1}, batch_size=[lanes, steps])
+
+
+def test_the_joiner_copies_what_it_holds_and_stops_at_another_lane_group():
+    """The collector reuses its buffers: what the joiner hands out holds each batch
+    as it was added. A batch of another lane group drains it and ends joining."""
+    j = Joiner()
+    batch = small_batch(0.0)
+    out = j.add(0, batch)
+    assert out == [] and j.count == stream.JOIN_FRAMES // 6
+    for value in (1.0, 2.0):
+        batch["obs"].fill_(value)  # the buffer reused for the next batch
+        batch["next", "done"].copy_(batch["obs"][..., 0] > 1)
+        assert j.add(0, batch) == []
+    lane_start, held = j.drain()
+    assert lane_start == 0 and held.batch_size == (2, 9)
+    assert held["obs"][:, :, 0].tolist() == [[0.0] * 3 + [1.0] * 3 + [2.0] * 3] * 2
+    assert held["next", "done"].sum() == 6
+    assert j.drain() is None  # it holds nothing after
+
+    for _ in range(j.count):  # a full stage is handed out at once
+        out = j.add(0, batch)
+    assert [(s, b.batch_size) for s, b in out] == [(0, (2, 3 * j.count))]
+    other = small_batch(5.0)
+    assert j.add(0, batch) == []
+    out = j.add(2, other)  # another lane group: what was held, then the batch itself
+    assert [s for s, _ in out] == [0, 2] and out[0][1].batch_size == (2, 3)
+    assert out[1][1] is other and j.count == 1
+    assert j.add(0, batch)[0][1] is batch and j.drain() is None  # passed through from now on
+
+    j = Joiner()
+    j.add(0, batch)
+    for _ in range(j.count - 2):
+        j.add(0, batch)
+    assert j.add(0, batch)[0][1].batch_size == (2, 3 * j.count)  # full, handed out: held 0
+    assert j.add(4, other) == [(4, other)]
+
+
+@pytest.mark.parametrize(
+    ("batch", "count"),
+    [
+        (small_batch(0.0), stream.JOIN_FRAMES // 6),
+        (small_batch(0.0, lanes=16, steps=63), stream.JOIN_FRAMES // 1008),
+        (small_batch(0.0, lanes=4096, steps=1), 1),  # frames enough already
+        (TensorDict({"obs": torch.zeros(2, 3, 20_000)}, batch_size=[2, 3]), 2),  # bytes
+        (TensorDict({"obs": torch.zeros(6, 4)}, batch_size=[6]), 1),  # not [lanes, time]
+        (
+            TensorDict(
+                {"obs": torch.zeros(2, 3), "text": NonTensorData("a", batch_size=[2, 3])},
+                batch_size=[2, 3],
+            ),
+            1,
+        ),
+    ],
+    ids=["small", "multisync", "wide", "bytes", "one-dim", "text"],
+)
+def test_how_many_batches_are_joined(batch, count):
+    j = Joiner()
+    out = j.add(0, batch)
+    assert j.count == count
+    assert (out == [(0, batch)]) if count == 1 else (out == [])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "interval", "joined"),
+    [
+        ([], 0.1, True),
+        ([], 0.0, False),  # every batch committed: nothing to join
+        (["postproc=multistep"], 0.1, False),
+        (["split_trajs=true"], 0.1, False),
+        (["reset_at_each_iter=true"], 0.1, False),
+    ],
+)
+def test_which_streams_join_batches(tmp_path, overrides, interval, joined):
+    s = config.load(config.compose(["env=CartPole", *overrides]))
+    assert joins(s) == (joined or interval == 0.0)
+    writer = spec("memmap", tmp_path / "ds", commit_interval=interval).open()
+    assert (Stream(s, writer).joiner is not None) == joined
+    writer.close()
 
 
 @pytest.mark.parametrize("kind", SINKS)

@@ -584,20 +584,23 @@ class Writer(abc.ABC):
             self._write_episodes(rows, self.episodes - len(rows["traj_id"]))
             self._held_rows = []
 
+    def commit_due(self) -> bool:
+        """Whether ``commit_interval`` seconds have passed since the last commit (the
+        first is due at once: it publishes the dataset)."""
+        return (
+            self._last_commit is None
+            or time.monotonic() - self._last_commit >= self.commit_interval
+        )
+
     # durability D1, D4 (docs/durability.md)
     def commit(self, when_due: bool = False) -> bool:
         """Make everything appended so far durable and visible to readers; with
-        ``when_due``, only once ``commit_interval`` seconds have passed since the last
-        commit (the first is due at once: it publishes the dataset). Whether it did.
+        ``when_due``, only if :meth:`commit_due`. Whether it did.
 
         Frames past a lane's ``lane_steps`` entry may already be on disk after a
         crash; they are not part of the dataset until committed.
         """
-        if (
-            when_due
-            and self._last_commit is not None
-            and time.monotonic() - self._last_commit < self.commit_interval
-        ):
+        if when_due and not self.commit_due():
             return False
         self.meta.update(
             frames=self.frames,
