@@ -131,6 +131,8 @@ class Joiner:
         self.count: int | None = None
         self._shape: tuple[int, ...] = ()  # (lane_start, lanes, steps) of the batches joined
         self._stage = None  # [lanes, count * steps], of the first batch's leaves
+        self._keys: list = []  # the stage's leaf keys
+        self._slots: list[list] = []  # for each batch held, its views of the stage's leaves
         self._held = 0
 
     def add(self, lane_start: int, batch) -> list[tuple[int, Any]]:
@@ -150,7 +152,14 @@ class Joiner:
                 lambda v: v.new_empty((lanes, count * steps, *v.shape[2:])),
                 batch_size=[lanes, count * steps],
             )
-        self._stage[:, self._held * steps : (self._held + 1) * steps].copy_(batch)
+            self._keys = list(self._stage.keys(True, True))
+            leaves = [self._stage.get(k) for k in self._keys]
+            self._slots = [
+                [v[:, i * steps : (i + 1) * steps] for v in leaves] for i in range(count)
+            ]
+        # leaf by leaf: a TensorDict's indexed copy_ costs ~40x more on small batches
+        for dst, key in zip(self._slots[self._held], self._keys, strict=True):
+            dst.copy_(batch.get(key))
         self._held += 1
         if self._held < self.count:
             return []
