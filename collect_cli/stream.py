@@ -113,15 +113,20 @@ class Joiner:
     """Joins consecutive batches of one lane group in time, so that the writer appends
     a few large batches rather than many small ones.
 
-    ``add(lane_start, batch)`` returns the ``(lane_start, batch)`` pairs to append
-    now, in order; ``drain()`` returns the one batch joined from those held, or None,
-    and holds nothing after. A joined batch is a view of the joiner's stage: append it
-    before the next ``add``. The stream drains before every commit, so a commit holds
-    every batch added before it, joined or not, and a kill loses no more than it did.
+    ``add(lane_start, batch, at)`` returns the ``(lane_start, batch)`` pairs to append
+    now, in order (``at``: the time step the writer would put ``batch`` at, not counting
+    what the joiner holds); ``drain()`` returns the one batch joined from those held, or
+    None, and holds nothing after. A joined batch is a view of the joiner's stage:
+    append it before the next ``add``. The stream drains before every commit, so a
+    commit holds every batch added before it, joined or not, and a kill loses no more
+    than it did.
 
     The first batch decides ``count``, the batches a joined one holds (:func:`join_count`,
-    up to ``JOIN_FRAMES`` frames and ``JOIN_BYTES`` bytes): each batch is copied into
-    the stage, which is handed out once it holds ``count``. With ``count`` 1 every
+    up to ``JOIN_FRAMES`` frames and ``JOIN_BYTES`` bytes), and so :attr:`steps`, a
+    joined batch's time steps: each batch is copied into the stage, which is handed out
+    once it holds ``count``, or sooner where it ends at a multiple of :attr:`steps`:
+    after a drain the joined batches line up with the writer's time again (HDF5 sizes
+    its chunks by them, and writes a whole chunk at a time). With ``count`` 1 every
     batch passes through uncopied. A batch of another lane group or shape than the
     first (asynchronous workers take turns) drains the stage and sets ``count`` to 1
     for good.
@@ -134,8 +139,14 @@ class Joiner:
         self._keys: list = []  # the stage's leaf keys
         self._slots: list[list] = []  # for each batch held, its views of the stage's leaves
         self._held = 0
+        self._at = 0  # the time step of the first batch held
 
-    def add(self, lane_start: int, batch) -> list[tuple[int, Any]]:
+    @property
+    def steps(self) -> int:
+        """The time steps of a full joined batch (0 before the first batch)."""
+        return (self.count or 0) * (self._shape[2] if self._shape else 0)
+
+    def add(self, lane_start: int, batch, at: int = 0) -> list[tuple[int, Any]]:
         shape = (lane_start, *batch.batch_size)
         if self.count is None:
             self.count, self._shape = join_count(batch), shape
@@ -160,11 +171,13 @@ class Joiner:
         # leaf by leaf: a TensorDict's indexed copy_ costs ~40x more on small batches
         for dst, key in zip(self._slots[self._held], self._keys, strict=True):
             dst.copy_(batch.get(key))
+        if not self._held:
+            self._at = at
         self._held += 1
-        if self._held < self.count:
+        if self._held < self.count and (self._at + self._held * steps) % self.steps:
             return []
-        self._held = 0
-        return [(lane_start, self._stage)]
+        held, self._held = self._held, 0
+        return [(lane_start, self._stage if held == self.count else self._stage[:, : held * steps])]
 
     def drain(self) -> tuple[int, Any] | None:
         if not self._held:
@@ -207,8 +220,10 @@ class Stream:
         if self.joiner is None:
             self._ended += self.push(lane_start, batch)
         else:
-            for item in self.joiner.add(lane_start, batch):
+            at = self.writer.next_step(lane_start, batch.batch_size[0])
+            for item in self.joiner.add(lane_start, batch, at):
                 self._ended += self.push(*item)
+            self.writer.batch_steps = self.writer.batch_steps or self.joiner.steps
         if not self.writer.commit_due():
             return None
         return self.commit()

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -182,6 +183,11 @@ def test_small_batches_are_joined_and_written_as_appended_one_by_one(
     episodes_a, episodes_b = open_dataset(direct).episodes(), open_dataset(joined).episodes()
     for key in episodes_a:
         np.testing.assert_array_equal(episodes_a[key], episodes_b[key], err_msg=key)
+    if backend == "hdf5":  # chunks sized for a full joined batch: one write a chunk
+        count = stream.JOIN_FRAMES // 60
+        with h5py.File(direct) as a, h5py.File(joined) as b:
+            assert a["observation"].chunks[:2] == (3, 20)
+            assert b["observation"].chunks[:2] == (3, 20 * count)
 
 
 def small_batch(value: float, lanes: int = 2, steps: int = 3) -> TensorDict:
@@ -222,6 +228,28 @@ def test_the_joiner_copies_what_it_holds_and_stops_at_another_lane_group():
         j.add(0, batch)
     assert j.add(0, batch)[0][1].batch_size == (2, 3 * j.count)  # full, handed out: held 0
     assert j.add(4, other) == [(4, other)]
+
+
+def test_after_a_drain_the_joiner_lines_up_with_the_writers_time_again(monkeypatch):
+    """A commit drains what is held: the next joined batch stops where the writer's
+    time reaches a multiple of a full one, so the later ones fill whole HDF5 chunks.
+    Where the writer's time is off that grid from the start, stages are handed out full."""
+    monkeypatch.setattr(stream, "JOIN_FRAMES", 24)  # 4 batches of [2, 3]
+    j = Joiner()
+    assert j.add(0, small_batch(0.0), at=0) == [] and (j.count, j.steps) == (4, 12)
+    assert j.drain()[1].batch_size == (2, 3)  # the commit: steps 0..3 written
+    assert j.add(0, small_batch(1.0), at=3) == [] and j.add(0, small_batch(2.0), at=3) == []
+    [(lane_start, held)] = j.add(0, small_batch(3.0), at=3)
+    assert lane_start == 0 and held.batch_size == (2, 9)  # 3 + 9: on the grid
+    assert held["obs"][0, :, 0].tolist() == [1.0] * 3 + [2.0] * 3 + [3.0] * 3
+    for _ in range(3):
+        assert j.add(0, small_batch(4.0), at=12) == []
+    assert j.add(0, small_batch(5.0), at=12)[0][1].batch_size == (2, 12)
+
+    j = Joiner()
+    for _ in range(3):
+        assert j.add(0, small_batch(0.0), at=1) == []
+    assert j.add(0, small_batch(0.0), at=1)[0][1].batch_size == (2, 12)
 
 
 @pytest.mark.parametrize(

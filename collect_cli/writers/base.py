@@ -339,6 +339,9 @@ class Writer(abc.ABC):
         self.overwrite = overwrite
         self.planned_steps = planned_steps
         self.lanes = lanes  # default: the width of the first batch
+        # the time steps of most batches to come (the stream's joined ones), for the
+        # layout made at the first: 0, the first batch's
+        self.batch_steps = 0
         self.meta: dict[str, Any] = dict(metadata)
         self.cursor = np.zeros(0, np.int64)  # time steps written, per lane
         self.steps = 0  # the longest lane's time steps
@@ -552,7 +555,7 @@ class Writer(abc.ABC):
                 self.tracker.grow(lane_start + width)
                 self.lanes = self.meta["lanes"] = lane_start + width
             group = slice(lane_start, lane_start + width)
-            t0 = int(self.cursor[group].max())
+            t0 = self.next_step(lane_start, width)
             items, finals = self._split_finals(items, lane_start, t0)
             self._write_frames(items, group, t0, steps)
             if finals:
@@ -569,6 +572,11 @@ class Writer(abc.ABC):
         self.frames += int(np.count_nonzero(arrays[MASK_KEY]))
         self._add_rows(rows)
         return rows
+
+    def next_step(self, lane_start: int, width: int) -> int:
+        """The time step :meth:`append` puts the next batch of lanes ``lane_start...`` at."""
+        group = self.cursor[lane_start : lane_start + width]
+        return int(group.max()) if len(group) else 0
 
     def _add_rows(self, rows: Rows) -> None:
         """Count episode rows now, store them at the next commit: one write a commit

@@ -638,7 +638,8 @@ class Hdf5Writer(Writer):
                 array = fmt.fixed_bytes(array)
             feat = array.shape[2:]
             row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * array.dtype.itemsize)
-            block, steps = chunk_shape(row_bytes, len(array), array.shape[1], self.chunk_frames)
+            batch_steps = max(array.shape[1], self.batch_steps)
+            block, steps = chunk_shape(row_bytes, len(array), batch_steps, self.chunk_frames)
             ds = self._file.create_dataset(
                 "/".join(key),
                 shape=(lanes, 0, *feat),
