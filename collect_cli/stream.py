@@ -176,14 +176,15 @@ class Joiner:
         self._held += 1
         if self._held < self.count and (self._at + self._held * steps) % self.steps:
             return []
-        held, self._held = self._held, 0
-        return [(lane_start, self._stage if held == self.count else self._stage[:, : held * steps])]
+        return [self._hand_out()]
 
     def drain(self) -> tuple[int, Any] | None:
-        if not self._held:
-            return None
+        return self._hand_out() if self._held else None
+
+    def _hand_out(self) -> tuple[int, Any]:
         held, self._held = self._held, 0
-        return self._shape[0], self._stage[:, : held * self._shape[2]]
+        stage = self._stage if held == self.count else self._stage[:, : held * self._shape[2]]
+        return self._shape[0], stage
 
 
 class Stream:
