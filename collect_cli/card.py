@@ -118,6 +118,17 @@ print(dataset.total_episodes, "episodes")
     return [("python", python), ("bash", shell), ("python", minari)]
 
 
+def is_card(path: Path) -> bool:
+    """A card rlcollect wrote: Markdown whose front matter is tagged ``rlcollect``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            head = f.read(1 << 16)
+        _, front, _ = head.split("---\n", 2)
+        return head.startswith("---\n") and "rlcollect" in (yaml.safe_load(front) or {})["tags"]
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return False
+
+
 def render_card(
     path: str | Path, stats: Stats, card_dir: Path, license_id: str | None = None
 ) -> str:

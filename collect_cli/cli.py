@@ -7,11 +7,15 @@ so that ``--help`` and ``--version`` answer fast.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +24,15 @@ from typing import Annotated, Any
 import typer
 
 from collect_cli import __version__
-from collect_cli.errors import EXIT_OK, EXIT_RUNTIME, RlcollectError, exit_code
+from collect_cli.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_RUNTIME,
+    FAILED,
+    STOP_SIGNALS,
+    RlcollectError,
+    exit_code,
+)
 
 app = typer.Typer(
     name="rlcollect",
@@ -36,6 +48,37 @@ def _err(message: str) -> None:
     print(f"rlcollect: error: {message}", file=sys.stderr, flush=True)
 
 
+class _StopOnce:
+    """SIGINT and SIGTERM outside a run's collection loop (which traps them itself):
+    the first raises KeyboardInterrupt, so the command unwinds, cleans up and exits
+    130 with one line; later ones are ignored, so that they cannot break the cleanup
+    (durability D21). Whatever a command then raises, it ended by that stop: an
+    import or a library cut in the middle may fail in its own way."""
+
+    fired = False  # a stop is being handled: ignore the next ones
+    raised = False  # ...by this handler's KeyboardInterrupt
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if not self.fired:
+            self.fired = self.raised = True
+            raise KeyboardInterrupt
+
+
+_STOP = _StopOnce()
+
+
+def _trap_stop_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        _STOP.fired = _STOP.raised = False
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _STOP)
+
+
+def _stopped(exc: BaseException) -> bool:
+    """Whether ``exc`` ended a command because a stop signal came."""
+    return isinstance(exc, KeyboardInterrupt) or _STOP.raised
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"rlcollect {__version__}")
@@ -49,6 +92,7 @@ def _root(
     ),
 ) -> None:
     """Roll out a policy in RL environments and write the trajectories as a dataset."""
+    _trap_stop_signals()  # before any heavy import: a stop at any moment exits 130
 
 
 _RUN_HELP = """Collect a dataset. Arguments are Hydra overrides (key=value).
@@ -123,7 +167,8 @@ def _print_cfg(which: str, overrides: list[str], multirun: bool = False) -> int:
     if multirun:
         raise UsageError("--cfg job shows one job: drop --multirun and name one value per key")
     composed = config.compose(overrides)
-    config.load(composed)  # validate, so that a printed config is a runnable one
+    settings = config.load(composed)  # validate, so that a printed config is a runnable one
+    composed.out = str(settings.out)  # where the run would write: the default resolved
     print(OmegaConf.to_yaml(composed), end="")
     return EXIT_OK
 
@@ -156,18 +201,46 @@ def _stdout_for_results_only() -> Iterator[None]:
 
 
 def _run(overrides: list[str]) -> int:
-    from collect_cli import config
-    from collect_cli.progress import make_progress
-    from collect_cli.run import run as run_collection
-
-    settings = config.load(config.compose(overrides))
-    _configure_logging(settings.debug)
-    progress = make_progress(settings.progress)
+    """One run; its JSON line is printed whatever the outcome (a failure's too, with
+    ``error``), so that a pipeline sees every one."""
+    started = time.perf_counter()
+    seen: dict[str, Any] = {"path": None, "frames": 0, "episodes": 0}
     try:
-        with _stdout_for_results_only():
-            result = run_collection(settings, progress)
-    finally:
-        progress.close()
+        from collect_cli import config
+        from collect_cli.progress import make_progress
+        from collect_cli.run import run as run_collection
+
+        settings = config.load(config.compose(overrides))
+        seen["path"] = str(settings.out)
+        _configure_logging(settings.debug)
+        shown = make_progress(settings.progress)
+
+        def progress(state) -> None:  # the committed counts, for a failure's line
+            seen.update(frames=state.frames, episodes=state.episodes)
+            shown(state)
+
+        try:
+            with _stdout_for_results_only():
+                result = run_collection(settings, progress)
+        finally:
+            shown.close()
+    except BaseException as exc:
+        if not isinstance(exc, (Exception, KeyboardInterrupt)):
+            raise
+        from collect_cli.dataformat import INTERRUPTED
+
+        stopped = _stopped(exc)
+        line = {
+            **seen,
+            **getattr(exc, "committed", {}),  # what the run had committed when it ended
+            "seconds": round(time.perf_counter() - started, 3),
+            "frames_per_s": 0.0,
+            "status": INTERRUPTED if stopped else FAILED,
+            "error": "interrupted" if stopped else str(exc),
+            "exit_code": EXIT_INTERRUPTED if stopped else exit_code(exc),
+        }
+        print(json.dumps(line), flush=True)
+        raise
     print(json.dumps(result.as_dict()), flush=True)
     return exit_code(result.status)
 
@@ -196,21 +269,19 @@ def _sweep(overrides: list[str], debug: bool) -> int:
 def _guarded(fn, debug: bool) -> int:
     try:
         return fn()
-    except RlcollectError as exc:
-        if debug:
+    except (Exception, KeyboardInterrupt) as exc:
+        if debug and not isinstance(exc, KeyboardInterrupt):
             traceback.print_exc()
             worker_trace = getattr(exc, "worker_traceback", None)
             if worker_trace:
                 print(f"in the worker process:\n{worker_trace}", file=sys.stderr, end="")
-        _err(str(exc))
-        return exit_code(exc)
-    except KeyboardInterrupt as exc:
-        _err("interrupted")
-        return exit_code(exc)
-    except Exception as exc:
-        if debug:
-            traceback.print_exc()
-        _err(f"unexpected {type(exc).__name__}: {exc} (rerun with debug=true for a traceback)")
+        if _stopped(exc):
+            _err("interrupted")
+            return EXIT_INTERRUPTED
+        if isinstance(exc, RlcollectError):
+            _err(str(exc))
+        else:
+            _err(f"unexpected {type(exc).__name__}: {exc} (rerun with debug=true for a traceback)")
         return exit_code(exc)
 
 
@@ -278,10 +349,9 @@ def validate(
 
     def check() -> int:
         from collect_cli.validate import check as check_dataset
-        from collect_cli.writers.base import missing_dataset
+        from collect_cli.writers import locate
 
-        if not path.exists():
-            raise missing_dataset(path)
+        locate(path)  # nothing there, or no file or folder (a FIFO, a loop): exit 2
         problems, notes = check_dataset(path)
         for note in notes:
             print(f"rlcollect: note: {path}: {note}", file=sys.stderr)
@@ -441,15 +511,18 @@ def report(
             print(json.dumps([s.as_dict() for s in stats], indent=2))
             return EXIT_OK
         from collect_cli import report_html
+        from collect_cli.writers.ownership import claim
 
         dest = out or Path("report.html" if fmt == "html" else "report")
-        report_html.check_out(dest, paths, overwrite, as_dir=fmt == "png")
-        report_html.require_matplotlib()  # the install hint before any dataset is read
-        stats = _datasets_stats(paths)
-        if fmt == "html":
-            report_html.write_atomic(dest, report_html.render_html(stats).encode("utf-8"))
-        else:
-            report_html.write_atomic(dest, report_html.render_pngs(stats))
+        with claim(dest, "rlcollect report"):
+            replaces = report_html.check_out(dest, paths, overwrite, as_dir=fmt == "png")
+            report_html.require_matplotlib()  # the install hint before any dataset is read
+            stats = _datasets_stats(paths)
+            if fmt == "html":
+                page = report_html.render_html(stats).encode("utf-8")
+                report_html.write_atomic(dest, page, replaces)
+            else:
+                report_html.write_atomic(dest, report_html.render_pngs(stats), replaces)
         for s in stats:
             for note in s.notes:
                 print(f"rlcollect: note: {note}", file=sys.stderr)
@@ -474,20 +547,21 @@ def card(
     """Write a Markdown dataset card (Hugging Face front matter, summary, schema, loading code)."""
 
     def go() -> int:
-        from collect_cli.card import render_card
+        from collect_cli.card import is_card, render_card
         from collect_cli.report import dataset_stats
+        from collect_cli.writers.ownership import check_destination, claim
 
-        if out is not None:
-            from collect_cli.report_html import check_out, write_atomic
-
-            check_out(out, [path], overwrite, as_dir=False)
-        stats = dataset_stats(path)
-        card_dir = out.absolute().parent if out is not None else Path.cwd()
-        text = render_card(path, stats, card_dir, license_id)
         if out is None:
-            print(text, end="")
-        else:
-            write_atomic(out, text.encode("utf-8"))
+            print(render_card(path, dataset_stats(path), Path.cwd(), license_id), end="")
+            return EXIT_OK
+        from collect_cli.report_html import write_atomic
+
+        with claim(out, "rlcollect card"):
+            replaces = check_destination(
+                out, overwrite=overwrite, inputs=[path], kind="a card", replaceable=is_card
+            )
+            text = render_card(path, dataset_stats(path), out.absolute().parent, license_id)
+            write_atomic(out, text.encode("utf-8"), replaces)
         return EXIT_OK
 
     raise typer.Exit(_guarded(go, debug=False))
@@ -619,4 +693,18 @@ def _envs_dict() -> dict[str, Any]:
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:  # a stop that reached no handler of the command's
+        _err("interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except SystemExit as exc:
+        if not (_STOP.raised and exc.code == EXIT_INTERRUPTED):
+            raise
+        # CPython ends a process by SIGINT, whatever its exit code, once a
+        # KeyboardInterrupt ended an import's nested run, even one caught later:
+        # run the exit hooks (writer, workers) and exit 130 as the command said
+        sys.stdout.flush()
+        sys.stderr.flush()
+        atexit._run_exitfuncs()
+        os._exit(EXIT_INTERRUPTED)

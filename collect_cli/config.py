@@ -7,16 +7,26 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from collect_cli.dataformat import CODECS, LAYOUTS, PLUGIN
+from collect_cli.config_checks import (
+    RANGE,
+    Range,
+    as_frames_per_batch,
+    as_int,
+    check_codec,
+    check_numbers,
+    check_scale,
+    choice,
+    ranged,
+)
+from collect_cli.dataformat import CODECS, LAYOUTS
 from collect_cli.errors import ConfigError
 from collect_cli.rollout import RolloutOptions
 
@@ -37,7 +47,7 @@ START_METHODS = ("auto", "fork", "spawn", "forkserver")
 class EnvConfig:
     name: str = MISSING  # the preset (conf/env/<name>.yaml), recorded as env_preset
     id: str = MISSING  # a gymnasium id; "module:EnvId" imports the module first
-    num_envs: int = 8
+    num_envs: int = ranged(8, low=1)  # upper bound: config_checks.MAX_ENVS
     backend: str = "gymnasium"  # gymnasium | envpool | native
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the env's make
     info_keys: list[str] = field(default_factory=list)  # numeric info entries, under info/
@@ -47,10 +57,13 @@ class EnvConfig:
 class PolicyConfig:
     """Exploration noise, applied when ``exploration_type=random`` (every policy)."""
 
+    # the user's own code acts: its actions are recorded as it returned them, bounds or
+    # not (the env may clip them); rlcollect's own policies act inside the action space
+    user_code: ClassVar[bool] = False
     name: str = MISSING
     noise: str = "none"  # none | gaussian (Box actions) | epsilon (discrete actions)
-    noise_scale: float = 0.1  # std of the Gaussian noise, in action units
-    epsilon: float = 0.1  # probability of a uniformly random discrete action
+    noise_scale: float = ranged(0.1, low=0.0)  # std of the Gaussian noise, in action units
+    epsilon: float = ranged(0.1, 0.0, 1.0)  # probability of a uniformly random discrete action
 
 
 @dataclass
@@ -63,7 +76,7 @@ class MlpPolicyConfig(PolicyConfig):
     """A deterministic MLP; weights from ``checkpoint`` (a state_dict file) or seeded."""
 
     name: str = "mlp"
-    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    hidden: list[int] = field(default_factory=lambda: [64, 64], metadata={RANGE: Range(low=1)})
     activation: str = "tanh"
     checkpoint: str | None = None
 
@@ -72,6 +85,7 @@ class MlpPolicyConfig(PolicyConfig):
 class TorchScriptPolicyConfig(PolicyConfig):
     """A TorchScript module (deprecated upstream: prefer ``policy=export``)."""
 
+    user_code: ClassVar[bool] = True
     name: str = "torchscript"
     path: str = MISSING
 
@@ -80,6 +94,7 @@ class TorchScriptPolicyConfig(PolicyConfig):
 class PythonPolicyConfig(PolicyConfig):
     """``pkg.module:factory`` returning a module or callable on the observation."""
 
+    user_code: ClassVar[bool] = True
     name: str = "python"
     target: str = MISSING
 
@@ -88,6 +103,7 @@ class PythonPolicyConfig(PolicyConfig):
 class ExportPolicyConfig(PolicyConfig):
     """A ``torch.export`` program from the observation to the action (or a dict)."""
 
+    user_code: ClassVar[bool] = True
     name: str = "export"
     path: str = MISSING
 
@@ -143,7 +159,7 @@ class AsyncCollectorConfig(ProcessCollectorConfig):
 
 @dataclass
 class MultiCollectorConfig(ProcessCollectorConfig):
-    workers: int = 2
+    workers: int = ranged(2, low=1)  # upper bound: config_checks.max_workers()
 
 
 @dataclass
@@ -158,14 +174,16 @@ class MultiSyncCollectorConfig(MultiCollectorConfig):
     """Workers collect in lock-step; each batch concatenates every worker's lanes."""
 
     name: str = "multisync"
-    preemptive_threshold: float = 1.0  # < 1: stop stragglers once this fraction is done
+    # < 1: stop stragglers once this fraction is done
+    preemptive_threshold: float = ranged(1.0, 0.0, 1.0, low_open=True)
 
 
 @dataclass
 class WriterConfig:
     name: str = MISSING
     layout: str = "auto"  # auto | full | compact (each image observation stored once)
-    commit_interval: float = 0.1  # seconds between commits at least (0: after every batch)
+    # seconds between commits at least (0: after every batch)
+    commit_interval: float = ranged(0.1, low=0.0, noun="a number of seconds")
 
 
 @dataclass
@@ -173,7 +191,7 @@ class Hdf5WriterConfig(WriterConfig):
     name: str = "hdf5"
     compression: str = "none"  # none | gzip | lzf | zstd | lz4 | blosc2 | blosc2-zstd
     compression_level: int | None = None  # None: the codec's default
-    chunk_frames: int = 65536  # frames per chunk (lanes x time steps), at most
+    chunk_frames: int = ranged(65536, low=1)  # frames per chunk (lanes x time steps), at most
 
 
 @dataclass
@@ -197,8 +215,8 @@ class MultiStepPostprocConfig(PostprocConfig):
     inside the episode; ``next/*`` are those of the n-th step ahead."""
 
     name: str = "multistep"
-    n: int = 3
-    gamma: float = 0.99
+    n: int = ranged(3, low=1)
+    gamma: float = ranged(0.99, 0.0, 1.0)
 
 
 @dataclass
@@ -295,66 +313,6 @@ def conf_dir() -> Path:
     return Path(str(files("collect_cli.conf")))
 
 
-def _as_int(name: str, value: Any, *, allow_endless: bool = False) -> int:
-    """Accept 1000, 1e6, "1e6"; reject non-numeric and non-integral values."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise ConfigError(
-                f"{name} must be a number such as 20000 or 1e6, got {value!r}"
-            ) from None
-    if isinstance(value, float):
-        if not math.isfinite(value) or value != int(value):
-            raise ConfigError(f"{name} must be integral, got {value!r}")
-        value = int(value)
-    if not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if allow_endless and value == -1:
-        return value
-    if value <= 0:
-        hint = " (or -1 to run until interrupted)" if allow_endless else ""
-        raise ConfigError(f"{name} must be a positive integer{hint}, got {value}")
-    return value
-
-
-def _importable(module: str) -> bool:
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
-def _check_codec(name: str, level: int | None) -> None:
-    """An unknown codec, a level out of its range, or a plugin codec without the plugin."""
-    _choice("writer.compression", name, COMPRESSIONS)
-    _, levels, _, plugin = CODECS[name]
-    if level is not None and levels is None:
-        raise ConfigError(
-            f"writer.compression={name} takes no level: drop writer.compression_level"
-        )
-    if level is not None and not levels[0] <= level <= levels[1]:
-        raise ConfigError(
-            f"writer.compression_level={level} is out of range for {name}: {levels[0]}..{levels[1]}"
-        )
-    if plugin and not _importable(PLUGIN):
-        raise ConfigError(
-            f"writer.compression={name} needs {PLUGIN}: pip install 'rlcollect[codecs]' "
-            "(or choose gzip or lzf)"
-        )
-
-
-def _choice(key: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r} is not valid: choose from {', '.join(choices)}")
-    return value
-
-
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
@@ -395,20 +353,16 @@ def load(cfg: DictConfig) -> Settings:
         run.postproc,
     )
 
-    _choice("env.backend", env.backend, ENV_BACKENDS)
-    if env.num_envs < 1:
-        raise ConfigError(f"env.num_envs must be at least 1, got {env.num_envs}")
+    check_numbers(run)  # finite floats, int64 integers, each option's range
+    choice("env.backend", env.backend, ENV_BACKENDS)
+    check_scale(env.backend, env.num_envs, getattr(collector, "workers", 1))
     if not env.id:
         raise ConfigError("env.id is empty: name a gymnasium id, e.g. env=gym env.id=Hopper-v5")
-    _choice("policy.noise", policy.noise, NOISES)
-    if policy.noise_scale < 0:
-        raise ConfigError(f"policy.noise_scale must be >= 0, got {policy.noise_scale}")
-    if not 0.0 <= policy.epsilon <= 1.0:
-        raise ConfigError(f"policy.epsilon must be in [0, 1], got {policy.epsilon}")
+    choice("policy.noise", policy.noise, NOISES)
     if isinstance(policy, MlpPolicyConfig):
-        _choice("policy.activation", policy.activation, ACTIVATIONS)
-        if not policy.hidden or any(h < 1 for h in policy.hidden):
-            raise ConfigError(f"policy.hidden must be positive sizes, got {policy.hidden}")
+        choice("policy.activation", policy.activation, ACTIVATIONS)
+        if not policy.hidden:
+            raise ConfigError("policy.hidden must be one layer size at least, e.g. [64, 64]")
     checkpoint = policy.checkpoint if isinstance(policy, Sb3PolicyConfig) else None
     if checkpoint is not None and checkpoint not in ("best", "last") and not checkpoint.isdigit():
         raise ConfigError(
@@ -416,31 +370,15 @@ def load(cfg: DictConfig) -> Settings:
             "or a step count such as 100000"
         )
     if isinstance(collector, ProcessCollectorConfig):
-        _choice("collector.start_method", collector.start_method, START_METHODS)
-    if isinstance(collector, MultiCollectorConfig) and collector.workers < 1:
-        raise ConfigError(f"collector.workers must be at least 1, got {collector.workers}")
-    threshold = getattr(collector, "preemptive_threshold", 1.0)
-    if not 0.0 < threshold <= 1.0:
-        raise ConfigError(f"collector.preemptive_threshold must be in (0, 1], got {threshold}")
-    _choice("writer.layout", writer.layout, LAYOUTS)
-    if not 0.0 <= writer.commit_interval < math.inf:
-        raise ConfigError(
-            f"writer.commit_interval must be a number of seconds >= 0, got {writer.commit_interval}"
-        )
+        choice("collector.start_method", collector.start_method, START_METHODS)
+    choice("writer.layout", writer.layout, LAYOUTS)
     if isinstance(writer, Hdf5WriterConfig):
-        _check_codec(writer.compression, writer.compression_level)
-        if writer.chunk_frames < 1:
-            raise ConfigError(f"writer.chunk_frames must be positive, got {writer.chunk_frames}")
-    if isinstance(postproc, MultiStepPostprocConfig):
-        if postproc.n < 1:
-            raise ConfigError(f"postproc.n must be at least 1, got {postproc.n}")
-        if not 0.0 <= postproc.gamma <= 1.0:
-            raise ConfigError(f"postproc.gamma must be in [0, 1], got {postproc.gamma}")
-    _choice("progress", run.progress, PROGRESS_MODES)
+        check_codec(writer.compression, writer.compression_level)
+    choice("progress", run.progress, PROGRESS_MODES)
     init_random = 0 if run.init_random_frames in (0, -1) else run.init_random_frames
     rollout = RolloutOptions(
         max_frames_per_traj=run.max_frames_per_traj,
-        init_random_frames=_as_int("init_random_frames", init_random) if init_random else 0,
+        init_random_frames=as_int("init_random_frames", init_random) if init_random else 0,
         reset_at_each_iter=run.reset_at_each_iter,
         reset_when_done=run.reset_when_done,
         exploration_type=run.exploration_type,
@@ -452,8 +390,8 @@ def load(cfg: DictConfig) -> Settings:
         writer=writer,
         postproc=postproc,
         rollout=rollout,
-        total_frames=_as_int("total_frames", run.total_frames, allow_endless=True),
-        frames_per_batch=_as_int("frames_per_batch", run.frames_per_batch),
+        total_frames=as_int("total_frames", run.total_frames, allow_endless=True),
+        frames_per_batch=as_frames_per_batch(run.frames_per_batch),
         device=str(run.device),
         storing_device=str(run.storing_device),
         seed=run.seed,
@@ -499,7 +437,7 @@ def _dataset(dataset: DatasetConfig) -> DatasetConfig:
         raise ConfigError(
             "dataset.ref_min_score and dataset.ref_max_score go together: set both or neither"
         )
-    if low is not None and not (math.isfinite(low) and math.isfinite(high) and low < high):
+    if low is not None and not low < high:  # both finite: check_numbers
         raise ConfigError(
             f"dataset.ref_min_score ({low}) must be below dataset.ref_max_score ({high})"
         )

@@ -168,6 +168,8 @@ def return_stats(rows: Rows) -> dict[str, float] | None:
 
 
 # -- metadata --------------------------------------------------------------------------
+MEMMAP_META_FILE = "rlcollect.json"  # a memmap dataset's metadata, inside its directory
+IDENTITY = ("format_version", "backend")  # metadata every dataset carries: it is rlcollect's
 REQUIRED_META = ("format_version", "status", "frames", "steps", "episodes", "lanes", "env_id")
 LANE_STEPS = "lane_steps"
 # where the data came from: the policy's checkpoint (name, size, sha256, algorithm...)

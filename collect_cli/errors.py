@@ -5,7 +5,12 @@ used by the CLI and by each job of a sweep."""
 
 from __future__ import annotations
 
+import signal
+
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# the signals that stop a command cleanly (EXIT_INTERRUPTED); its children ignore them
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+FAILED = "failed"  # the status of `run`'s JSON line when it raised (exit 1 or 2)
 
 
 class RlcollectError(Exception):

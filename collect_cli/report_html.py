@@ -13,7 +13,6 @@ import contextlib
 import html
 import io
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ from collect_cli import __version__
 from collect_cli.dataformat import ACTION, OBSERVATION
 from collect_cli.errors import UsageError, WriteError
 from collect_cli.report import MAX_DIMS, Stats
-from collect_cli.writers.base import check_destination, publish, remove_output
+from collect_cli.writers.base import publish
+from collect_cli.writers.ownership import Identity, check_destination, remove_output, staging_name
 
 MATPLOTLIB_INSTALL = "pip install 'rlcollect[report]'"
 DPI = 100
@@ -86,6 +86,10 @@ def _png(fig) -> bytes:
 def _fraction(counts: list[int]) -> np.ndarray:
     counts = np.asarray(counts, np.float64)
     return counts / counts.sum() if counts.sum() else counts
+
+
+# the file stems of the figures (``--format png``): what an overwrite may replace
+FIGURE_STEMS = ("episodes", "drift", ACTION, OBSERVATION, "image_strip", "lanes")
 
 
 def figures(stats: list[Stats]) -> list[tuple[str, str, bytes]]:
@@ -401,23 +405,49 @@ def render_html(stats: list[Stats]) -> str:
     )
 
 
-def check_out(out: Path, inputs: list[Path], overwrite: bool, as_dir: bool) -> None:
+PAGE_MARK = b"<title>rlcollect report"  # in the first bytes of every page render_html makes
+
+
+def is_page(path: Path) -> bool:
+    """A report page rlcollect wrote."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096).find(PAGE_MARK) >= 0
+    except OSError:
+        return False
+
+
+def is_png_folder(path: Path) -> bool:
+    """A folder of report figures rlcollect wrote: only PNG files named as its figures."""
+    names = {f"{stem}.png" for stem in FIGURE_STEMS}
+    try:
+        return all(p.is_file() and p.name in names for p in path.iterdir())
+    except OSError:
+        return False
+
+
+# durability D18 (docs/durability.md)
+def check_out(out: Path, inputs: list[Path], overwrite: bool, as_dir: bool) -> Identity | None:
     """Refuse an ``--out`` that is a dataset being read, exists without ``--overwrite``,
-    or is not what the report would replace (a page, or a folder of PNG files)."""
+    or is not what the report wrote (a page, or a folder of its PNG files)."""
     if not as_dir:
-        check_destination(out, inputs, overwrite, "a file", Path.is_file)
-        return
+        return check_destination(
+            out, overwrite=overwrite, inputs=inputs, kind="a report page", replaceable=is_page
+        )
+    return check_destination(
+        out,
+        overwrite=overwrite,
+        inputs=inputs,
+        kind="a folder of report figures",
+        replaceable=is_png_folder,
+    )
 
-    def png_folder(path: Path) -> bool:
-        return path.is_dir() and all(p.suffix == ".png" for p in path.iterdir())
 
-    check_destination(out, inputs, overwrite, "a folder of PNG files", png_folder)
-
-
-def write_atomic(out: Path, files: dict[str, bytes] | bytes) -> None:
+def write_atomic(out: Path, files: dict[str, bytes] | bytes, replaces: Identity | None) -> None:
     """Write one file (``bytes``) or a folder of files under a hidden sibling name,
-    then publish it: ``out`` is never seen half-written."""
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    then publish it in place of ``replaces`` (and nothing else): ``out`` is never seen
+    half-written."""
+    tmp = staging_name(out, "tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(files, bytes):
@@ -426,7 +456,7 @@ def write_atomic(out: Path, files: dict[str, bytes] | bytes) -> None:
             tmp.mkdir()
             for name, data in files.items():
                 (tmp / name).write_bytes(data)
-        publish(tmp, out)
+        publish(tmp, out, replaces)
     except OSError as exc:
         raise WriteError(f"writing {str(out)!r} failed: {exc.strerror or exc}") from None
     finally:

@@ -21,7 +21,7 @@ from typing import Any
 
 from collect_cli import __version__, provenance, specs
 from collect_cli.config import Settings
-from collect_cli.errors import ConfigError, DeviceError
+from collect_cli.errors import ConfigError, DeviceError, OutputError
 from collect_cli.rollout import RolloutOptions
 from collect_cli.stream import DEPTH, WriteBehind, WriterSpec, pump
 from collect_cli.threads import intra_op_threads
@@ -111,6 +111,8 @@ def trap_signals(flag: StopFlag) -> Iterator[None]:
         yield
     finally:
         for sig, handler in previous.items():
+            if flag.raised and hasattr(handler, "fired"):
+                handler.fired = True  # the CLI's: this stop is being handled already
             signal.signal(sig, handler)
 
 
@@ -209,13 +211,25 @@ def _writer_options(settings: Settings) -> dict[str, Any]:
 
 def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
     """Collect ``settings.total_frames`` frames into the dataset at ``settings.out``."""
-    from collect_cli.writers import check_output
+    from collect_cli.writers.ownership import claim
 
     device = resolve_device(settings.device)
     storing_device = resolve_device(settings.storing_device, "storing_device")
-    if settings.resume and settings.out.exists():
+    with claim(settings.out, "rlcollect run"):  # durability D17: one writer per out
+        return _run_claimed(settings, device, storing_device, progress)
+
+
+def _run_claimed(settings: Settings, device, storing_device, progress) -> RunResult:
+    from collect_cli.writers import backend, check_output
+
+    if settings.resume and (settings.out.exists() or settings.out.is_symlink()):
         return _resume(settings, device, storing_device, progress)
     check_output(settings.out, settings.overwrite)
+    coll = settings.collector
+    lanes = settings.env.num_envs * (coll.workers if coll.name.startswith("multi") else 1)
+    limit = backend(settings.writer.name).lanes_limit(lanes, "env lanes")
+    if limit and not settings.split_trajs:  # durability D15: before any env is built
+        raise ConfigError(f"{limit}: use writer=memmap, or fewer env.num_envs x collector.workers")
 
     with _writing_half(settings, device, storing_device) as sink:
         collector = build_collector(settings, device, storing_device)
@@ -257,14 +271,28 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
 def _resume(settings: Settings, device, storing_device, progress: ProgressFn | None) -> RunResult:
     """Continue the dataset at ``settings.out`` up to ``total_frames`` (fresh episodes)."""
     from collect_cli.collectors import derive_seeds
+    from collect_cli.validate import validate
     from collect_cli.writers import open_dataset
 
     meta = open_dataset(settings.out).meta
     done = int(meta.get("frames", 0))
+    if "merged" in meta:
+        raise ConfigError(
+            f"cannot resume {str(settings.out)!r}: it is a merged dataset; resume each shard "
+            "(resume=true out=SHARD), then merge them again"
+        )
     if meta.get("status") == "complete":
         log.info("%s is complete: nothing to resume", settings.out)
         return RunResult(
             str(settings.out), done, int(meta.get("episodes", 0)), 0.0, 0.0, "complete"
+        )
+    # durability D20: continue only what validates (a resume seals the dataset)
+    problems = validate(settings.out)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise OutputError(
+            f"cannot resume {str(settings.out)!r}: it fails validation: {problems[0]}{more}; "
+            f"`rlcollect validate {settings.out}` lists what is wrong"
         )
     if meta.get("backend") != settings.writer.name:
         raise ConfigError(
@@ -351,14 +379,16 @@ def _writing_half(settings: Settings, device, storing_device) -> Iterator:
     collector exists. A run that leaves without closing the dataset aborts it."""
     from collect_cli import writer_process
 
-    if writes_from_a_process(settings, device, storing_device):
-        sink = writer_process.WriterProcess(settings, depth=DEPTH)
-    else:
-        sink = WriteBehind(settings, depth=DEPTH)
-    try:
+    sink = None
+    try:  # a signal may arrive at any moment, the fork included (durability D21)
+        if writes_from_a_process(settings, device, storing_device):
+            sink = writer_process.WriterProcess(settings, depth=DEPTH)
+        else:
+            sink = WriteBehind(settings, depth=DEPTH)
         yield sink
     except BaseException:
-        sink.abort()
+        if sink is not None:
+            sink.abort()
         raise
     finally:
         if isinstance(sink, writer_process.WriterProcess):
@@ -421,8 +451,9 @@ def _drive(collector, sink, settings: Settings, progress: ProgressFn | None) -> 
                 log.warning("%s received: dataset flushed, stopping", flag.signal_name)
                 status = "interrupted"
             recent.extend(sink.flush())
-    except BaseException:
+    except BaseException as exc:
         sink.abort()  # while the collector's buffers still hold the batches submitted
+        exc.committed = {"frames": sink.frames, "episodes": sink.episodes}  # for the CLI
         raise
     sink.close(status)
     seconds = time.perf_counter() - start

@@ -54,7 +54,7 @@ from typing import Any
 
 from collect_cli import dataformat as fmt
 from collect_cli.config import Settings
-from collect_cli.errors import WriteError
+from collect_cli.errors import STOP_SIGNALS, WriteError
 from collect_cli.stream import DEPTH, Stream, WriterSpec, close_quietly
 
 log = logging.getLogger("rlcollect")
@@ -74,7 +74,6 @@ def _shutdown_live() -> None:
 
 
 PR_SET_PDEATHSIG = 1
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # the main process's to handle
 
 
 def available() -> bool:
@@ -103,14 +102,22 @@ class WriterProcess:
             name="rlcollect-writer",
             daemon=True,
         )
-        # signals held until the child ignores them: a Ctrl-C at this moment must not
-        # kill it before it can
+        # durability D21: signals held until the child ignores them (a Ctrl-C at this
+        # moment must not kill it before it can) and until this object can end it: a
+        # held signal is raised as the mask is restored, and the run then aborts it
         held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             self._proc.start()
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        child.close()
+            child.close()
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held signal raises here
+            except BaseException:
+                self._conn.close()
+                if self._proc.pid is not None:  # it holds nothing yet: no need to ask
+                    self._proc.kill()
+                    self._proc.join()
+                raise
         _LIVE.add(self)
         self.depth = depth
         self.on_commit: Callable[[list[float]], None] = lambda returns: None

@@ -272,7 +272,8 @@ def test_usage_errors_exit_2_one_line(cli, tmp_path, args, message):
     assert len(lines) == 1, res.stderr
     assert message in lines[0]
     assert "Traceback" not in res.stderr
-    assert res.stdout == ""
+    line = json.loads(res.stdout)  # one JSON line, for pipelines, also when refused
+    assert line["status"] == "failed" and line["exit_code"] == 2 and message in line["error"]
     assert not (tmp_path / "ds.h5").exists()
 
 

@@ -149,7 +149,8 @@ def test_env_failure_mid_run_exits_1_and_keeps_committed_data(tmp_path, backend)
     )
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 1
-    assert stdout == ""
+    line = json.loads(stdout)  # a failed run prints its JSON line too
+    assert line["status"] == "failed" and line["exit_code"] == 1 and line["frames"] == 80
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in stderr
     assert "RuntimeError: simulated failure at step 45" in lines[0]

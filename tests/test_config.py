@@ -136,3 +136,43 @@ def test_run_help_names_every_group_option_and_key():
             assert names - {"env.name"} <= words, names - words
         else:
             assert field.name in words, field.name
+
+
+def numeric_options():
+    """(overrides selecting the schema, key, kind) of every float and integer option."""
+    import dataclasses
+    import typing
+
+    from collect_cli.config_checks import numeric_kind
+
+    needs = {"torchscript": "policy.path=p", "export": "policy.path=p", "sb3": "policy.path=p"}
+    needs["python"] = "policy.target=m:f"
+    schemas = [([], "", config.RunConfig), ([], "env.", config.EnvConfig)]
+    schemas.append(([], "dataset.", config.DatasetConfig))
+    for group, options in config.GROUPS.items():
+        for option, schema in options.items():
+            select = [f"{group}={option}", *([needs[option]] if option in needs else [])]
+            schemas.append((select, f"{group}.", schema))
+    for select, prefix, schema in schemas:
+        hints = typing.get_type_hints(schema)
+        for item in dataclasses.fields(schema):
+            if kind := numeric_kind(hints[item.name]):
+                is_list = typing.get_origin(hints[item.name]) is list
+                yield select, prefix + item.name, kind, is_list
+
+
+def test_every_numeric_option_refuses_what_a_dataset_cannot_hold():
+    """One rule for all: NaN and infinity in any float option, integers past int64
+    in any integer option (env.kwargs aside: the env's own)."""
+    import re
+
+    seen = set()
+    for turn, (select, key, kind, is_list) in enumerate(numeric_options()):
+        seen.add(key)
+        bad = ["nan", "inf", "-inf"] if kind is float else [str(2**64), str(-(2**63) - 1)]
+        value = bad[turn % len(bad)]  # each option one of them, each of them several times
+        value = f"[{value}]" if is_list else value
+        with pytest.raises(ConfigError, match=re.escape(f"{key}=")):
+            settings(*select, f"{key}={value}")
+    assert {"seed", "policy.noise_scale", "postproc.gamma", "writer.chunk_frames"} <= seen
+    assert {"dataset.ref_max_score", "collector.preemptive_threshold", "policy.hidden"} <= seen

@@ -397,8 +397,14 @@ def test_errors_are_one_line(datasets, tmp_path):
     one_error_line(invoke("card", pend, "--out", str(taken)), 2, "pass --overwrite")
     assert taken.read_text() == "keep me"
     one_error_line(invoke("report", pend, "--out", pend, "--overwrite"), 2, "overlaps")
+    # --overwrite replaces a page the report wrote, never a file of the user's
     res = invoke("report", pend, "--out", str(taken), "--overwrite")
-    assert res.code == 0 and taken.read_text().startswith("<!DOCTYPE html>")
+    one_error_line(res, 2, "is a file and not a report page")
+    assert taken.read_text() == "keep me"
+    page = tmp_path / "page.html"
+    assert invoke("report", pend, "--out", str(page)).code == 0
+    res = invoke("report", pend, "--out", str(page), "--overwrite")
+    assert res.code == 0 and page.read_text().startswith("<!DOCTYPE html>")
 
 
 def test_without_matplotlib_says_what_to_install(datasets, tmp_path):

@@ -33,7 +33,7 @@ from collect_cli.collectors.base import CollectorBase, derive_seeds
 from collect_cli.collectors.shared import SharedStores
 from collect_cli.collectors.worker import WorkerSpec, worker_main
 from collect_cli.envs import EnvFactory
-from collect_cli.errors import CollectionError
+from collect_cli.errors import STOP_SIGNALS, CollectionError
 from collect_cli.rollout import RolloutOptions
 from collect_cli.threads import CpuFollower
 
@@ -174,6 +174,7 @@ class _MultiCollector(CollectorBase):
                     options=self.options.share(self.num_workers),
                     batch_buffers=self._worker_buffers(),
                     device_path=device_path,
+                    memory=(self._held_batches(), frames_per_batch),
                 )
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(
@@ -182,10 +183,17 @@ class _MultiCollector(CollectorBase):
                     name=f"rlcollect-worker-{index}",
                     daemon=True,
                 )
-                proc.start()
-                child.close()
-                self._procs.append(proc)
-                self._conns.append(parent)
+                # a signal at the fork is held until shutdown() knows the worker: it
+                # is raised as the mask is restored, and the except below ends them all
+                held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+                try:
+                    proc.start()
+                finally:
+                    child.close()
+                    if proc.pid is not None:
+                        self._procs.append(proc)
+                        self._conns.append(parent)
+                    signal.pthread_sigmask(signal.SIG_SETMASK, held)
             self._buffers: list[list[TensorDictBase]] = []
             for index in range(self.num_workers):
                 buffers, env_id, spaces, max_steps = self._expect(index, "ready")
@@ -209,6 +217,10 @@ class _MultiCollector(CollectorBase):
     def _worker_buffers(self) -> int:
         """Batch buffers each worker allocates for itself."""
         return self._slots
+
+    def _held_batches(self) -> int:
+        """Batch buffers of a worker's size the run holds, over all processes."""
+        return self.num_workers * self._worker_buffers()
 
     def _share(self) -> None:
         """Set up the buffers batches are handed over from, once the workers are ready."""
@@ -397,6 +409,9 @@ class MultiSyncCollector(_MultiCollector):
 
     def _worker_buffers(self) -> int:
         return 1  # the workers fill their lanes of the buffers `_share` makes
+
+    def _held_batches(self) -> int:
+        return super()._held_batches() + self.num_workers * self._slots  # and `_share`'s
 
     def _share(self) -> None:
         """One time-major buffer per turn over all lanes; each worker fills its own

@@ -42,6 +42,7 @@ from collect_cli.collectors.base import (
     pad_steps,
 )
 from collect_cli.collectors.device import DeviceBuffers, DevicePathMixin, steps_on_device
+from collect_cli.config_checks import check_batch_memory
 from collect_cli.envs import VecEnv
 from collect_cli.envs.base import StepResult
 from collect_cli.errors import ConfigError, PolicyError, RlcollectError
@@ -80,10 +81,14 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         shared_memory: bool = False,
         options: RolloutOptions | None = None,
         device_path: bool | None = None,
+        memory: tuple[int, int] | None = None,
     ):
         """``device_path``: collect on the env's device (envs with ``step_tensors``,
         i.e. ``env.backend=native``; see :mod:`collect_cli.collectors.device`).
-        Default: on for such envs on CUDA; on CPU the host path is ~10% faster."""
+        Default: on for such envs on CUDA; on CPU the host path is ~10% faster.
+
+        ``memory``: ``(batches of this size the run holds over all its processes, the
+        run's frames_per_batch)`` for the memory check (default: this collector's)."""
         self._closed = True
         self.env = create_env_fn()
         self._closed = False
@@ -132,6 +137,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         self._resets = 0  # lanes reset by max_frames_per_traj (their seeds)
         self._full_resets = 0  # reset() calls (their seeds)
         self._row_cache: dict[int, list[StepResult]] = {}  # per batch buffer
+        self._memory = memory or (max(1, batch_buffers), frames_per_batch)
         self._obs_keys = [("observation", *leaf.key) for leaf in self.env.obs_leaves]
         self._act_keys = [("action", *leaf.key) for leaf in self.env.action_leaves]
         self._info_keys = [("info", key) for key in self.env.info_keys]
@@ -268,11 +274,10 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                 raise PolicyError(
                     f"the policy's {'/'.join(key)!r} has shape {got}, expected {want}"
                 )
-        buf: dict[Any, torch.Tensor] = {}
+        # each key's (frame shape, dtype), every buffer allocated only once all are known
+        layout: dict[Any, tuple[tuple[int, ...], torch.dtype]] = {}
         for key, leaf in zip(self._obs_keys, self.env.obs_leaves, strict=True):
-            dtype = torch_dtype(leaf.dtype)
-            buf[key] = torch.zeros(steps, n, *leaf.shape, dtype=dtype)
-            buf[(fmt.NEXT, *key)] = torch.zeros(steps, n, *leaf.shape, dtype=dtype)
+            layout[key] = layout[(fmt.NEXT, *key)] = (tuple(leaf.shape), torch_dtype(leaf.dtype))
         obs_set = set(self._obs_keys)
         for key in out.keys(True, True):
             key = key if isinstance(key, tuple) else (key,)
@@ -280,22 +285,25 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                 continue
             value = out.get(key)
             dtype = torch_dtype(self._leaf_dtype(key)) if key in self._act_keys else value.dtype
-            buf[key] = torch.zeros(steps, n, *value.shape[1:], dtype=dtype)
-        self._policy_keys = [k for k in buf if k[0] != fmt.NEXT and k not in obs_set]
+            layout[key] = (tuple(value.shape[1:]), dtype)
+        self._policy_keys = [k for k in layout if k[0] != fmt.NEXT and k not in obs_set]
         # rlcollect's own policies are called on the observation tensor (no TensorDict)
         self._act = tensor_policy(self.policy, len(self._obs_keys), self._policy_keys)
         self._act_idx = [self._policy_keys.index(k) for k in self._act_keys]
         for flag in FLAG_KEYS:
-            buf[(flag,)] = torch.zeros(steps, n, 1, dtype=torch.bool)
-            buf[(fmt.NEXT, flag)] = torch.zeros(steps, n, 1, dtype=torch.bool)
-        buf[fmt.REWARD_KEY] = torch.zeros(steps, n, 1, dtype=torch.float32)
+            layout[(flag,)] = layout[(fmt.NEXT, flag)] = ((1,), torch.bool)
+        layout[fmt.REWARD_KEY] = ((1,), torch.float32)
         if self.max_frames_per_traj > 0:
-            buf[("step_count",)] = torch.zeros(steps, n, 1, dtype=torch.int64)
-            buf[(fmt.NEXT, fmt.STEP_COUNT)] = torch.zeros(steps, n, 1, dtype=torch.int64)
+            layout[("step_count",)] = layout[(fmt.NEXT, fmt.STEP_COUNT)] = ((1,), torch.int64)
         for key, shape in zip(self._info_keys, self.env.info_shapes, strict=True):
-            buf[key] = torch.zeros(steps, n, *shape, dtype=torch.float64)
-        buf[fmt.TRAJ_KEY] = torch.zeros(steps, n, dtype=torch.int64)
-        buf[fmt.MASK_KEY] = torch.ones(steps, n, dtype=torch.bool)
+            layout[key] = (tuple(shape), torch.float64)
+        layout[fmt.TRAJ_KEY] = ((), torch.int64)
+        layout[fmt.MASK_KEY] = ((), torch.bool)
+        held, run_batch = self._memory
+        frame_bytes = sum(math.prod(shape) * dt.itemsize for shape, dt in layout.values())
+        check_batch_memory(frame_bytes, held * self.frames_per_batch, run_batch)
+        buf = {key: torch.zeros(steps, n, *shape, dtype=dt) for key, (shape, dt) in layout.items()}
+        buf[fmt.MASK_KEY].fill_(True)
         return TensorDict(buf, batch_size=[steps, n])  # time-major: see __init__
 
     def _leaf_dtype(self, key: tuple[str, ...]) -> np.dtype:

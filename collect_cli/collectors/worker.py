@@ -50,6 +50,7 @@ class WorkerSpec:
     options: RolloutOptions = field(default_factory=RolloutOptions)  # this worker's share
     batch_buffers: int = 1  # shared buffers, filled in turn (the main process's prefetch)
     device_path: bool | None = None  # as SyncCollector's
+    memory: tuple[int, int] | None = None  # as SyncCollector's: the run's, for its check
 
 
 def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
@@ -77,6 +78,7 @@ def worker_main(spec: WorkerSpec, conn, stop_event, parent_pid: int) -> None:
             batch_buffers=spec.batch_buffers,
             options=spec.options,
             device_path=spec.device_path,
+            memory=spec.memory,
         )
         env = collector.env
         spaces = (specs.describe(env.observation_space), specs.describe(env.action_space))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,8 @@ import numpy as np
 from collect_cli import dataformat as fmt
 from collect_cli import specs
 from collect_cli.errors import OutputError
-from collect_cli.writers.base import Writer, check_output, missing_dataset
+from collect_cli.writers.base import Writer, missing_dataset
+from collect_cli.writers.ownership import check_output, shown, what_is
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ __all__ = [
     "Writer",
     "backend",
     "check_output",
+    "locate",
     "make_writer",
     "open_dataset",
 ]
@@ -213,7 +217,20 @@ class Dataset:
 def open_dataset(path: str | Path) -> Dataset:
     """Open an rlcollect dataset (HDF5 file or memmap directory) by what is on disk."""
     path = Path(path)
-    if not path.exists():
-        raise missing_dataset(path)
-    name = next(n for n, b in BACKENDS.items() if b.is_dir == path.is_dir())
+    name = locate(path)
     return Dataset(path, name, backend(name).read_meta(path))
+
+
+def locate(path: Path) -> str:
+    """The backend a dataset at ``path`` would be, from the kind of thing there,
+    without opening it (a FIFO would block the open); a usage error for nothing,
+    or for something that is no file or folder (a FIFO, a device, a symlink loop)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise missing_dataset(path) from None
+    except OSError as exc:
+        raise OutputError(f"cannot open {shown(path)}: {exc.strerror or exc}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise OutputError(f"{shown(path)} is {what_is(path.resolve())}, not a dataset")
+    return next(n for n, b in BACKENDS.items() if b.is_dir == stat.S_ISDIR(mode))

@@ -13,14 +13,11 @@ import contextlib
 import ctypes
 import errno
 import functools
-import glob
 import math
 import mmap
 import os
 import shutil
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +29,16 @@ from collect_cli import dataformat as fmt
 from collect_cli.dataformat import FORMAT_VERSION, MASK_KEY, Rows
 from collect_cli.errors import OutputError, UsageError, WriteError
 from collect_cli.writers.episodes import TRACKED_KEYS, EpisodeTracker
+from collect_cli.writers.ownership import (
+    Identity,
+    alive,
+    check_destination,
+    identity,
+    leftovers,
+    remove_leftovers,
+    remove_output,
+    staging_name,
+)
 
 # A writer starts writing its frames to the device every this many bytes
 # (Writer.write_back), so that close's fsync is short.
@@ -40,58 +47,6 @@ WRITE_BACK_BYTES = 16 << 20
 
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-# durability D3 (docs/durability.md)
-def check_output(path: Path, overwrite: bool) -> None:
-    """Fail early (before any env starts) if ``path`` cannot be written."""
-    if path.exists() and not overwrite:
-        raise OutputError(
-            f"output {str(path)!r} already exists: pass overwrite=true or another out="
-        )
-    existing = path.parent
-    while not existing.exists():
-        existing = existing.parent
-    why = "not a directory"
-    if existing.is_dir():
-        try:  # a real file, not os.access: root passes that check on /proc and read-only mounts
-            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe-", dir=existing)
-            os.close(fd)
-            os.unlink(probe)
-            return
-        except OSError as exc:
-            why = exc.strerror or str(exc)
-    raise OutputError(
-        f"cannot write output {str(path)!r}: {str(existing)!r} is not writable ({why})"
-    )
-
-
-def check_destination(
-    out: Path, sources: list[Path], overwrite: bool, kind: str, replaceable: Callable[[Path], bool]
-) -> None:
-    """Refuse an ``--out`` (of export, merge-like tools, report) that overlaps a dataset
-    it reads, exists without ``--overwrite``, or is not the ``kind`` of thing it would
-    replace (``replaceable``); then check that it can be written."""
-    dst = out.resolve()
-    for source in sources:
-        src = source.resolve()
-        if src == dst or dst in src.parents or src in dst.parents:
-            raise UsageError(f"--out {str(out)!r} overlaps the source dataset {str(source)!r}")
-    if out.exists() or out.is_symlink():
-        if not overwrite:
-            raise OutputError(
-                f"output {str(out)!r} already exists: pass --overwrite or another --out"
-            )
-        if not replaceable(out):
-            raise OutputError(f"output {str(out)!r} exists and is not {kind}: not replacing it")
-    check_output(out, overwrite=True)  # the nearest existing parent is writable
-
-
-def remove_output(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
 
 
 # durability D10 (docs/durability.md)
@@ -176,55 +131,94 @@ def fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
-# durability D14 (docs/durability.md)
-def publish(tmp: Path, dest: Path) -> None:
-    """Make what was built at ``tmp`` (beside ``dest``) durable, then move it to
-    ``dest`` in one step, replacing what is there: readers see the old or the new
-    whole, never a part (a directory is swapped atomically where the kernel can)."""
-    fsync_tree(tmp)
-    if not (dest.exists() or dest.is_symlink()):
-        os.rename(tmp, dest)
-    elif tmp.is_dir() and dest.is_dir() and not dest.is_symlink():
+RESERVE_SLACK = 4 << 20  # bytes reserved beyond an output's estimate: metadata, headers
+
+
+# durability D9 (docs/durability.md)
+def reserve(path: Path, nbytes: int) -> None:
+    """Allocate real blocks for ``nbytes`` (plus slack) of the file at ``path``, which
+    a storage library is writing, so that a full disk fails here, with nothing half
+    written, not inside HDF5 (which cannot recover from a failed write) or as a SIGBUS
+    in a mapping. HDF5 cuts the file to what it used when it closes."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, nbytes + nbytes // 100 + RESERVE_SLACK)
+    finally:
+        os.close(fd)
+
+
+def need_space(folder: Path, nbytes: int) -> None:
+    """An ENOSPC ``OSError`` where ``folder``'s filesystem has less than ``nbytes``
+    (plus slack) free: the check where a library writes the files (Minari)."""
+    free = shutil.disk_usage(folder).free
+    if free < nbytes + nbytes // 100 + RESERVE_SLACK:
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left on device (about {_mib(nbytes)} needed, {_mib(free)} free)",
+        )
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB"
+
+
+# durability D14, D19 (docs/durability.md)
+def publish(tmp: Path, dest: Path, replaces: Identity | None, sync: bool = True) -> None:
+    """Move what was built at ``tmp`` (beside ``dest``) to ``dest`` in one step (after
+    an fsync, with ``sync``): readers see the old or the new whole, never a part (a
+    directory is swapped atomically where the kernel can). It replaces only what the
+    command checked it may (``replaces``, from :func:`identity`): anything that
+    appeared at ``dest`` or took its place since is an error, and is left alone."""
+    if sync:
+        fsync_tree(tmp)
+    now = identity(dest)
+    if now is None:
+        if not rename_noreplace(tmp, dest):
+            raise OutputError(f"{str(dest)!r} appeared while this command ran: not replacing it")
+        return
+    if replaces is None:
+        raise OutputError(f"{str(dest)!r} appeared while this command ran: not replacing it")
+    if now != replaces:
+        raise OutputError(
+            f"{str(dest)!r} was replaced by something else while this command ran: not replacing it"
+        )
+    if tmp.is_dir() and dest.is_dir() and not dest.is_symlink():
         exchange(tmp, dest)  # tmp now holds the old one
         remove_output(tmp)
-    elif tmp.is_file() and dest.is_file():
+    elif tmp.is_file() and dest.is_file() and not dest.is_symlink():
         os.replace(tmp, dest)
     else:
         remove_output(dest)
         os.rename(tmp, dest)
 
 
-def staging_leftovers(path: Path) -> list[tuple[Path, int]]:
-    """``(sibling, pid)`` of each ``.<name>.creating-<pid>`` staging dataset of
-    ``path`` (also ``<pid>.resize``, memmap's): what runs that have not made
-    their first commit, or were killed before it, are building."""
-    prefix = f".{path.name}.creating-"
-    found = []
-    for sibling in sorted(path.parent.glob(f"{glob.escape(prefix)}*")):
-        pid = sibling.name[len(prefix) :].split(".", 1)[0]
-        if pid.isdigit():
-            found.append((sibling, int(pid)))
-    return found
-
-
-# durability D2 (docs/durability.md)
-def remove_stale_staging(path: Path, owner: int) -> None:
-    """Remove the staging datasets of ``path`` left by runs that are gone (and the
-    run ``owner``'s own)."""
-    for leftover, pid in staging_leftovers(path):
-        if pid != owner and _alive(pid):
-            continue  # another run's, still going
-        remove_output(leftover)
+def rename_noreplace(src: Path, dest: Path) -> bool:
+    """Rename ``src`` to ``dest`` unless something is there (atomically with Linux's
+    ``renameat2(RENAME_NOREPLACE)``); whether it did."""
+    renameat2 = _renameat2()
+    if renameat2 is not None:
+        at_fdcwd, flag = -100, 1  # RENAME_NOREPLACE
+        if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dest), flag) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            return False
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(dest))
+    if dest.exists() or dest.is_symlink():
+        return False
+    os.rename(src, dest)
+    return True
 
 
 # durability D2 (docs/durability.md)
 def missing_dataset(path: Path) -> OutputError:
     """The error for no dataset at ``path``, naming a run that has not committed
     (or was killed before its first commit) if its staging dataset is there."""
-    for staging, pid in staging_leftovers(path):
+    for staging, pid in leftovers(path, ("creating",)):
         if staging.name.endswith(".resize"):
             continue
-        if _alive(pid):
+        if alive(pid):
             return OutputError(
                 f"no dataset at {str(path)!r} yet: the run with pid {pid} is creating it "
                 "and it appears at its first commit"
@@ -234,16 +228,6 @@ def missing_dataset(path: Path) -> OutputError:
             f"first commit, so nothing was saved (the next run to it removes {staging.name})"
         )
     return OutputError(f"no dataset at {str(path)!r}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 # durability D5 (docs/durability.md)
@@ -353,6 +337,7 @@ class Writer(abc.ABC):
         self._created = False
         self._closed = False
         self._publish_at: Path | None = None  # where the first commit renames the dataset
+        self._replaces: Identity | None = None  # what it may replace there (overwrite)
         self._unsynced = 0  # bytes of frames appended since the last write-back
 
     # durability D1 (docs/durability.md)
@@ -362,14 +347,13 @@ class Writer(abc.ABC):
         datasets exist: HDF5 creates a dataset in several writes that a kill can
         cut, so the structure is made where a half-made file is never seen at
         ``path``. Later commits only add data to it and overwrite values."""
-        check_output(self.path, self.overwrite)
         final = self.path
-        staging = final.with_name(f".{final.name}.creating-{self.owner}")
+        # what the first commit may replace: the dataset there now, with overwrite
+        self._replaces = check_destination(final, overwrite=self.overwrite, flag="overwrite=true")
+        staging = staging_name(final, "creating", self.owner)
         try:
-            if final.exists():
-                remove_output(final)
             final.parent.mkdir(parents=True, exist_ok=True)
-            remove_stale_staging(final, self.owner)
+            remove_leftovers(final, self.owner)
             self.meta.update(
                 format_version=FORMAT_VERSION,
                 backend=self.backend,
@@ -388,9 +372,8 @@ class Writer(abc.ABC):
             self.path = final
             with contextlib.suppress(OSError):
                 self._close()
-            for leftover in (staging, final):
-                with contextlib.suppress(OSError):
-                    remove_output(leftover)  # nothing was committed: leave nothing behind
+            with contextlib.suppress(OSError):
+                remove_output(staging)  # nothing was committed: leave nothing behind
             raise WriteError(f"cannot create {str(final)!r}: {exc.strerror or exc}") from exc
         self._publish_at = final
         return self
@@ -622,12 +605,27 @@ class Writer(abc.ABC):
             # the first commit with frame storage made (split_trajs commits rows only
             # once episodes end), or the last: the dataset appears
             if self._publish_at is not None and (self._created or self._closed):
-                os.rename(self.path, self._publish_at)
-                self.path, self._publish_at = self._publish_at, None
+                self._publish()
         except OSError as exc:
             raise self._os_error(exc) from exc
         self._last_commit = time.monotonic()
         return True
+
+    # durability D1, D19 (docs/durability.md)
+    def _publish(self) -> None:
+        """Rename the staging dataset to ``path``, replacing only the dataset checked
+        at :meth:`open`; if something else is there now, give up the staging dataset
+        (one batch) and leave what is there alone."""
+        try:
+            publish(self.path, self._publish_at, self._replaces, sync=False)
+        except OutputError:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                self._close()
+            with contextlib.suppress(OSError):
+                remove_output(self.path)
+            raise
+        self.path, self._publish_at = self._publish_at, None
 
     # durability D11 (docs/durability.md)
     def write_back(self) -> None:

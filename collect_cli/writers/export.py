@@ -35,7 +35,15 @@ from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS
 from collect_cli.errors import DatasetError, UsageError, WriteError
 from collect_cli.writers import Dataset, open_dataset
-from collect_cli.writers.base import check_destination, publish, remove_output
+from collect_cli.writers.base import need_space, publish, reserve
+from collect_cli.writers.ownership import (
+    check_destination,
+    claim,
+    is_d4rl_export,
+    remove_leftovers,
+    remove_output,
+    staging_name,
+)
 
 log = logging.getLogger("rlcollect")
 
@@ -103,32 +111,36 @@ def export(
             f"{postproc['name']}); {fmt} holds 1-step transitions: export a dataset "
             "collected with postproc=none"
         )
-    _check_out(source, out, fmt, overwrite)
-    problems = validate(source)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise DatasetError(
-            f"{str(source)!r} fails validation: {problems[0]}{more}; "
-            f"`rlcollect validate {source}` lists what is wrong"
-        )
-    src = Source(ds)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        plan = Plan.build(src, drop_incomplete)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if fmt == "d4rl":
-            _write_d4rl(src, plan, tmp, compression)
-            extra: dict[str, Any] = {}
-        else:
-            _write_minari(src, plan, tmp, dataset_id)
-            extra = {"dataset_id": dataset_id, "minari_datasets_path": str(root)}
-        publish(tmp, out)
-    except OSError as exc:
-        raise WriteError(f"exporting to {str(out)!r} failed: {exc.strerror or exc}") from exc
-    finally:
-        src.close()
-        with contextlib.suppress(OSError):
-            remove_output(tmp)
+    with claim(out, "rlcollect export"):  # durability D17
+        replaces = _check_out(source, out, fmt, overwrite)
+        problems = validate(source)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise DatasetError(
+                f"{str(source)!r} fails validation: {problems[0]}{more}; "
+                f"`rlcollect validate {source}` lists what is wrong"
+            )
+        remove_leftovers(out)
+        src = Source(ds)
+        tmp = staging_name(out, "tmp")
+        try:
+            plan = Plan.build(src, drop_incomplete)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if fmt == "d4rl":
+                _write_d4rl(src, plan, tmp, compression)
+                extra: dict[str, Any] = {}
+            else:
+                _write_minari(src, plan, tmp, dataset_id)
+                extra = {"dataset_id": dataset_id, "minari_datasets_path": str(root)}
+            publish(tmp, out, replaces)
+        except OSError as exc:
+            raise WriteError(
+                f"exporting to {str(out)!r} failed: {exc.strerror or exc}; nothing was written"
+            ) from None
+        finally:
+            src.close()
+            with contextlib.suppress(OSError):
+                remove_output(tmp)
     return ExportResult(
         path=str(out),
         format=fmt,
@@ -171,16 +183,24 @@ def minari_location(out: Path, dataset_id: str | None) -> tuple[str, Path]:
     return ident, full.parents[len(parts) - 1]
 
 
-def _check_out(source: Path, out: Path, fmt: str, overwrite: bool) -> None:
+def _check_out(source: Path, out: Path, fmt: str, overwrite: bool):
+    """durability D18: what ``--out`` may replace (an export of the same format)."""
     if fmt == "d4rl":
-        check_destination(out, [source], overwrite, "a file", Path.is_file)
-        return
+        return check_destination(
+            out,
+            overwrite=overwrite,
+            inputs=[source],
+            kind="a D4RL file rlcollect exported",
+            replaceable=is_d4rl_export,
+        )
 
     def minari_dir(path: Path) -> bool:
         meta = path / "data" / "metadata.json"
         return path.is_dir() and (meta.is_file() or not any(path.iterdir()))
 
-    check_destination(out, [source], overwrite, "a Minari dataset", minari_dir)
+    return check_destination(
+        out, overwrite=overwrite, inputs=[source], kind="a Minari dataset", replaceable=minari_dir
+    )
 
 
 class Source:
@@ -299,6 +319,9 @@ def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
     keys = [k for k, name in names.items() if name is not None]
     total = len(plan.ids)
     with h5py.File(path, "w", locking=False) as f:
+        # durability D9: the space first, so that a full disk fails before HDF5 writes
+        rows = sum(src.read(k, 0, 0, 1)[0].nbytes for k in keys) + 2  # + terminals, timeouts
+        reserve(path, total * rows)
         outputs = {}
         for key in keys:
             first = src.read(key, 0, 0, 1)  # its dtype: a bytes scalar's drops the padding
@@ -345,6 +368,9 @@ def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
         for name, value in {**values, **provenance.d4rl_metadata(meta)}.items():
             if value is not None:
                 group.create_dataset(name, data=value)
+        f.flush()
+        used = f.id.get_filesize()  # HDF5's end of allocated space
+    os.truncate(path, used)  # give back what was reserved beyond it
 
 
 def _episodes(blocks: Iterator[dict[str, np.ndarray]], lengths: np.ndarray) -> Iterator[dict]:
@@ -409,6 +435,8 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
         if k not in core and (name := d4rl_name(k)) is not None
     }
     path.mkdir()
+    rows = sum(src.read(k, 0, 0, 1)[0].nbytes for k in [*obs_keys, *act_keys, REWARD, *extras])
+    need_space(path, len(plan.ids) * rows)  # Minari's writer: checked, not reserved
     storage = MinariStorage.new(
         (path / "data").absolute(),
         observation_space=obs_space,

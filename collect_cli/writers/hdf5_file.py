@@ -40,17 +40,112 @@ Whether a node is new is read from the committed images of the nodes rewritten
 (their children): HDF5 reuses space it freed (the writer frees the episodes'
 first chunks before its first commit), so a new node can lie where committed
 content was.
+
+**Readers of a live file** (durability D22). An HDF5 open is not a snapshot: a
+reader reads the superblock, with its end of allocation (EOA), when it opens the
+file, and each chunk index node when a read first needs it. A commit in between
+gave it nodes that point past its EOA ("addr overflow"), or an old parent with a
+child that a split had shrunk (chunks missing, read as fill values). So the
+writer keeps a *commit clock* that readers look at before and after each read:
+a lock (``F_OFD_SETLK``) on one byte far past the data, whose place counts the
+commits made and says whether one is being written (:func:`read_clock`). It
+moves only around :meth:`CommitOrderedFile.commit`'s writes over committed
+content (writes to space no commit wrote are not counted: nothing a reader of a
+commit follows leads there), so a read that began with no commit being written
+and ended with the clock where it was read the file as one commit left it
+(``writers/hdf5.py`` :class:`~collect_cli.writers.hdf5.LiveFile`). The clock is
+the kernel's, not the file's: it writes nothing, leaves the format as it is, and
+goes with the writer (a killed writer's lock is gone: its file changes no more).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import fcntl
 import os
 import struct
+import time
+from typing import NamedTuple
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 TREE = b"TREE"  # a version-1 B-tree node's signature; then its type, level, entries used
 NODE_HEAD = 24  # signature, type, level, entries used, left and right sibling addresses
+
+
+# The commit clock: the writer's (read) lock on byte CLOCK_AT + 4n while n commits are
+# made (n counted from a random start, so that a writer that took over a killed one's
+# file shows another clock), on CLOCK_AT + 4n + 2 while it writes the next one. Locks
+# of one owner on adjacent bytes would merge; these never touch.
+CLOCK_AT = 1 << 62
+LOCK = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, length, pid
+OFD_LOCKS = hasattr(fcntl, "F_OFD_SETLK")  # Linux 3.15 and later
+SETTLE_WAIT = 5.0  # seconds a reader waits for a writer to end the commit it writes
+
+
+class Tick(NamedTuple):
+    """The commit clock as a reader finds it: commits made (from the writer's random
+    start), and whether the next one is being written."""
+
+    commits: int
+    writing: bool
+
+
+def _lock(kind: int, at: int, length: int) -> bytes:
+    """A ``struct flock`` of ``length`` bytes (0: all) from ``CLOCK_AT + at``."""
+    return LOCK.pack(kind, os.SEEK_SET, CLOCK_AT + at, length, 0)
+
+
+def read_clock(fd: int) -> Tick | None:
+    """The commit clock of the file open as ``fd``; None where no writer holds one
+    (the file is not being written, or its filesystem has no such locks)."""
+    if not OFD_LOCKS:
+        return None
+    try:  # the first lock from CLOCK_AT on that a write lock there would meet
+        got = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _lock(fcntl.F_WRLCK, 0, 0))
+    except OSError:
+        return None
+    kind, _, start, _, _ = LOCK.unpack(got)
+    if kind == fcntl.F_UNLCK:
+        return None
+    commits, writing = divmod(start - CLOCK_AT, 4)
+    return Tick(commits, bool(writing))
+
+
+_stalled: set[tuple[int, int, Tick]] = set()  # commits waited for in vain (a stopped writer)
+_clocks: set[int] = set()  # the commit clocks' file descriptors this process holds
+
+
+def _drop_inherited_clocks() -> None:
+    # a forked child (a collector worker) must not keep its parent's clock: it would
+    # outlive a killed writer, and readers would wait for a commit no one writes
+    for fd in list(_clocks):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _clocks.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_clocks)
+
+
+def settled_clock(fd: int, wait: float = SETTLE_WAIT) -> Tick | None:
+    """The commit clock once no commit is being written: where one is, waited for
+    up to ``wait`` seconds (a commit's writes take microseconds; a writer that
+    outlasts the wait, stopped or stuck, is not waited for again at that commit)."""
+    tick = read_clock(fd)
+    if tick is None or not tick.writing:
+        return tick
+    st = os.fstat(fd)
+    deadline, pause = time.monotonic() + wait, 0.0002
+    while tick is not None and tick.writing and (st.st_dev, st.st_ino, tick) not in _stalled:
+        if time.monotonic() > deadline:
+            _stalled.add((st.st_dev, st.st_ino, tick))
+            break
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+        tick = read_clock(fd)
+    return tick
 
 
 def node_entries(superblock: bytes) -> dict[int, int]:
@@ -136,7 +231,8 @@ class CommitOrderedFile:
     (``seek``, ``tell``, ``read``, ``write``, ``truncate``, ``flush``), with the
     rule above. ``committed`` is how many bytes from the start hold committed
     content when an existing file is reopened (its superblock's end of
-    allocation); 0 for a new file.
+    allocation); 0 for a new file. It holds the file's commit clock where the
+    filesystem has such locks, until :meth:`close_clock`.
 
     Its end of file is HDF5's, as the ``sec2`` driver keeps it (the end of what
     was written, or of the last truncation), not the file's size: the writer
@@ -154,6 +250,11 @@ class CommitOrderedFile:
         self._held: dict[int, bytearray] = {}  # over committed content: start -> bytes
         self._held_at: list[int] = []  # their starts, sorted
         self._entries: dict[int, int] | None = None  # node_entries, read at the first commit
+        self._clock: int | None = None  # the commit clock's open of the file (its own locks)
+        self._clock_at = 0  # the byte it locks, from CLOCK_AT
+        self._clock_pid = os.getpid()  # a forked child's copy of this object has no clock
+        if OFD_LOCKS:
+            self._start_clock()
 
     def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
         if whence:  # h5py seeks to an address before each read and write, and to the end
@@ -223,8 +324,8 @@ class CommitOrderedFile:
         order = sorted(at for at in held if at not in nodes)
         order += sorted((at for at in nodes if at not in pointed), key=lambda at: (level[at], at))
         order += sorted((at for at in nodes if at in pointed), key=lambda at: (-level[at], at))
-        for at in order:
-            _pwrite(self.fd, held[at], at)
+        if order:
+            self._write_held(order)
         for at in order:
             self._committed.add(at, at + len(held[at]))
         for start, end in self._fresh:
@@ -232,6 +333,52 @@ class CommitOrderedFile:
         self._fresh.clear()
         self._held.clear()
         self._held_at.clear()
+
+    def _write_held(self, order: list[int]) -> None:
+        """The held writes, with the commit clock at "writing" (durability D22): a
+        reader that found it at rest before its read and at the same place after
+        it read none of them."""
+        clock = self._clock is not None and self._clock_pid == os.getpid()
+        if clock:
+            self._move_clock(self._clock_at + 2)  # writing the next commit
+        for at in order:
+            _pwrite(self.fd, self._held[at], at)
+        if clock and self._clock is not None:
+            self._move_clock(self._clock_at + 2)  # at rest, one commit more
+
+    def _start_clock(self) -> None:
+        """Lock the clock's first byte, at a random count of 2**40 commits or fewer (so
+        that CLOCK_AT + 4n stays below 2**63), through an open of the file of its own:
+        closing it drops the clock whatever else fails."""
+        try:
+            self._clock = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return  # no /proc: no clock
+        _clocks.add(self._clock)
+        self._clock_at = 4 * int.from_bytes(os.urandom(5), "little")
+        try:
+            fcntl.fcntl(self._clock, fcntl.F_OFD_SETLK, _lock(fcntl.F_RDLCK, self._clock_at, 1))
+        except OSError:
+            self.close_clock()  # a filesystem without such locks
+
+    def _move_clock(self, at: int) -> None:
+        """Lock the clock's byte ``CLOCK_AT + at``, then unlock the one locked before;
+        where the filesystem refuses, no clock from then on (readers read the file
+        as they find it, as plain h5py does)."""
+        try:
+            fcntl.fcntl(self._clock, fcntl.F_OFD_SETLK, _lock(fcntl.F_RDLCK, at, 1))
+            fcntl.fcntl(self._clock, fcntl.F_OFD_SETLK, _lock(fcntl.F_UNLCK, self._clock_at, 1))
+            self._clock_at = at
+        except OSError:
+            self.close_clock()
+
+    def close_clock(self) -> None:
+        """Drop the commit clock (the writer is done with the file)."""
+        if self._clock is not None and self._clock_pid == os.getpid():
+            _clocks.discard(self._clock)
+            with contextlib.suppress(OSError):
+                os.close(self._clock)
+        self._clock = None
 
     @property
     def holding(self) -> int:
@@ -275,3 +422,40 @@ def _pwrite(fd: int, data: bytes | bytearray | memoryview, at: int) -> None:
         view = memoryview(data)
         while done < len(view):
             done += os.pwrite(fd, view[done:], at + done)
+
+
+class ReadOnlyFile:
+    """A file descriptor as the file object h5py's ``fileobj`` driver reads through.
+
+    HDF5 shares one open of a file among all of a process's opens of it (the
+    ``sec2`` driver matches them by inode), metadata cache and end of allocation
+    included, so a new open made while an older one is open reads what the older
+    one cached. Through a file object of its own, each open is its own: a reader
+    of a live file needs that (durability D22)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._pos = 0
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        if whence:
+            pos += self._pos if whence == os.SEEK_CUR else os.fstat(self.fd).st_size
+        self._pos = pos
+        return pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int) -> bytes:
+        data = os.pread(self.fd, size, self._pos)
+        self._pos += size
+        return data if len(data) == size else data + bytes(size - len(data))
+
+    def write(self, data: bytes) -> int:
+        raise OSError(f"file descriptor {self.fd} is open for reading only")
+
+    def truncate(self, size: int) -> int:
+        raise OSError(f"file descriptor {self.fd} is open for reading only")
+
+    def flush(self) -> None:
+        pass

@@ -32,7 +32,7 @@ from collect_cli.dataformat import COLUMNS, Rows
 from collect_cli.errors import OutputError
 from collect_cli.writers.base import Writer, copy_into, exchange, start_write_back, swap
 
-META_FILE = "rlcollect.json"
+META_FILE = fmt.MEMMAP_META_FILE
 RELEASE_BYTES = 32 << 20  # written bytes between two page releases (see _release_pages)
 WRITE_BACK_RUN = 64 << 10  # a lane's bytes of one key in a batch, for its file's write-back
 TD_CLASS = {"_type": "<class 'tensordict._td.TensorDict'>", "_format_version": 1}

@@ -33,10 +33,17 @@ import numpy as np
 from collect_cli import __version__, provenance
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, MASK, TRAJ, Rows, concat_rows
-from collect_cli.errors import MergeError, OutputError, WriteError
+from collect_cli.errors import MergeError, WriteError
 from collect_cli.writers import BACKENDS, Dataset, open_dataset
 from collect_cli.writers import backend as backend_module
-from collect_cli.writers.base import now, publish, remove_output
+from collect_cli.writers.base import now, publish, reserve
+from collect_cli.writers.ownership import (
+    check_destination,
+    claim,
+    remove_leftovers,
+    remove_output,
+    staging_name,
+)
 
 WINDOW_BYTES = 32 << 20  # copies go through memory in blocks of about this size
 FLAGGED = (fmt.path(fmt.DONE_KEY), fmt.path(fmt.TRUNCATED_KEY))  # set where a kill cut a lane
@@ -268,17 +275,29 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta,
     readers = contextlib.ExitStack()
     with readers, h5py.File(tmp, "w", locking=False) as f:
         reads = [readers.enter_context(s.ds.reader()) for s in shards]
-        for key, (shape, _) in shards[0].arrays.items():
-            feat = shape[2:]
-            dtype = _np_dtype(reads[0](key))
-            fill = -1 if key == TRAJ else 0
-            if dtype.kind == "S":  # Text, as fixed-length bytes
-                fill = b""
+        dtypes = {key: _np_dtype(reads[0](key)) for key in shards[0].arrays}
+
+        def copied(key: str) -> bool:
             flagged = key in FLAGGED and any(s.cuts is not None for s in shards)
             # a compact shard's next/observation is rebuilt, not stored: copied whole
             rebuilt = any(s.ds.rebuilt(key) for s in shards)
-            if not virtual or key == TRAJ or flagged or rebuilt:
-                row = max(1, int(np.prod(feat, dtype=np.int64))) * dtype.itemsize
+            return not virtual or key == TRAJ or flagged or rebuilt
+
+        def row_bytes(key: str) -> int:
+            feat = shards[0].arrays[key][0][2:]
+            return max(1, int(np.prod(feat, dtype=np.int64))) * dtypes[key].itemsize
+
+        # durability D9: the space first, so that a full disk fails before HDF5 writes
+        episodes = sum(np.asarray(column).nbytes for column in rows.values())
+        reserve(tmp, lanes * steps * sum(row_bytes(k) for k in dtypes if copied(k)) + episodes)
+        for key, (shape, _) in shards[0].arrays.items():
+            feat = shape[2:]
+            dtype = dtypes[key]
+            fill = -1 if key == TRAJ else 0
+            if dtype.kind == "S":  # Text, as fixed-length bytes
+                fill = b""
+            if copied(key):
+                row = row_bytes(key)
                 chunk = max(1, min(1024, steps, (1 << 20) // row))
                 ds = f.create_dataset(
                     key,
@@ -306,6 +325,9 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta,
         for name in COLUMNS:
             f.create_dataset(fmt.column(name), data=rows[name])
         RootAttrs(f).store(meta)
+        f.flush()
+        used = f.id.get_filesize()  # HDF5's end of allocated space
+    os.truncate(tmp, used)  # give back what was reserved beyond it
 
 
 def _write_memmap(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta, rows) -> None:
@@ -322,7 +344,12 @@ def _write_memmap(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, met
             file.parent.mkdir(parents=True, exist_ok=True)
             full = (lanes, steps, *shape[2:])
             dtype = _np_dtype(reads[0](key))
-            dst = np.memmap(file, dtype=dtype, mode="w+", shape=full)  # zeros: mask False
+            # durability D9: real blocks (zeros: mask False), so that a full disk fails
+            # here, not as a SIGBUS while the mapping is written
+            file.touch()
+            reserve(file, int(np.prod(full, dtype=np.int64)) * dtype.itemsize)
+            os.truncate(file, int(np.prod(full, dtype=np.int64)) * dtype.itemsize)
+            dst = np.memmap(file, dtype=dtype, mode="r+", shape=full)
             for shard, read in zip(shards, reads, strict=True):
                 _copy_key(shard, read, key, dst)
                 if key == TRAJ:
@@ -355,43 +382,39 @@ def merge(
     dest = Path(dest)
     if not paths:
         raise MergeError("name the shards to merge")
-    if dest.exists() and not overwrite:
-        raise OutputError(f"output {str(dest)!r} already exists: pass --overwrite or another --out")
-    shards = [_load(Path(p)) for p in paths]
-    seen: dict[Path, Path] = {}
-    for shard in shards:
-        where = shard.path.resolve()
-        if where in seen:
-            raise MergeError(f"shard {str(shard.path)!r} is named twice: each shard merges once")
-        seen[where] = shard.path
-    if dest.resolve() in seen:
-        raise MergeError(f"--out {str(dest)!r} is one of the shards: merge into a new path")
-    _check(shards, allow_incomplete)
-    _place(shards)
-    rows = _rows(shards)
-    backend = shards[0].ds.backend
-    virtual = BACKENDS[backend].links and not copy
-    meta = _metadata(shards, dest, rows, virtual)
-    if why := backend_module(backend).lanes_limit(meta["lanes"], "lanes"):
-        raise MergeError(f"{why}: merge fewer shards (memmap datasets have no such limit)")
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create {str(dest.parent)!r}: {exc.strerror or exc}") from None
-    tmp = dest.with_name(f".{dest.name}.merging-{os.getpid()}")
-    try:
-        if tmp.exists():
-            remove_output(tmp)
-        MERGED_WRITERS[backend](tmp, dest, shards, virtual, meta, rows)
-        publish(tmp, dest)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            remove_output(tmp)
-        if isinstance(exc, OSError):
-            raise WriteError(
-                f"merging into {str(dest)!r} failed: {exc.strerror or exc}; nothing was written"
-            ) from exc
-        raise
+    with claim(dest, "rlcollect merge"):  # durability D17
+        # durability D18: never an input, nor what an input's virtual datasets read
+        replaces = check_destination(dest, overwrite=overwrite, inputs=paths)
+        shards = [_load(Path(p)) for p in paths]
+        seen: dict[Path, Path] = {}
+        for shard in shards:
+            where = shard.path.resolve()
+            if where in seen:
+                raise MergeError(
+                    f"shard {str(shard.path)!r} is named twice: each shard merges once"
+                )
+            seen[where] = shard.path
+        _check(shards, allow_incomplete)
+        _place(shards)
+        rows = _rows(shards)
+        backend = shards[0].ds.backend
+        virtual = BACKENDS[backend].links and not copy
+        meta = _metadata(shards, dest, rows, virtual)
+        if why := backend_module(backend).lanes_limit(meta["lanes"], "lanes"):
+            raise MergeError(f"{why}: merge fewer shards (memmap datasets have no such limit)")
+        remove_leftovers(dest)
+        tmp = staging_name(dest, "merging")
+        try:
+            MERGED_WRITERS[backend](tmp, dest, shards, virtual, meta, rows)
+            publish(tmp, dest, replaces)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                remove_output(tmp)
+            if isinstance(exc, OSError):
+                raise WriteError(
+                    f"merging into {str(dest)!r} failed: {exc.strerror or exc}; nothing was written"
+                ) from None
+            raise
     return {
         "path": str(dest),
         "backend": backend,

@@ -348,6 +348,11 @@ def test_existing_out_needs_overwrite(made, tmp_path):
     res = export(source, "d4rl", out)
     assert_usage_error(res, "already exists: pass --overwrite")
     assert out.read_text() == "keep me" and listing(tmp_path) == ["d.hdf5"]
+    res = export(source, "d4rl", out, "--overwrite")  # not an export: the user's file
+    assert_usage_error(res, "is a file and not a D4RL file rlcollect exported")
+    assert out.read_text() == "keep me"
+    out.unlink()
+    assert export(source, "d4rl", out).code == 0
     res = export(source, "d4rl", out, "--overwrite", "--compression", "gzip")
     assert res.code == 0, res.stderr
     with h5py.File(out, "r") as f:

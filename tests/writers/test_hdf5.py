@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 
@@ -14,16 +15,21 @@ from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.errors import ConfigError, WriteError
 from collect_cli.validate import validate
-from collect_cli.writers import base, hdf5_file, make_writer, open_dataset
+from collect_cli.writers import base, hdf5, hdf5_file, make_writer, open_dataset
 from collect_cli.writers.hdf5 import (
     COMMIT_SLOTS,
     MAX_LANES,
     PAD,
     Block,
+    LiveArray,
+    LiveFile,
     RootAttrs,
+    basic_box,
     commit_record,
     decode_attrs,
     file_meta,
+    pieces,
+    read_array,
     read_commit,
     read_meta,
 )
@@ -518,3 +524,148 @@ def test_a_kill_at_any_write_of_splitting_commits_or_of_closing_keeps_a_whole_co
         assert frames in {n for _, n in commits}, k
         with h5py.File(image, "r") as f:
             np.testing.assert_array_equal(f["observation"][:, : frames // 8], obs[:, : frames // 8])
+
+
+TRAJ = "collector/traj_ids"
+
+
+@pytest.fixture(scope="module")
+def pendulum():
+    with SyncCollector(env_factory("Pendulum-v1", 8), frames_per_batch=200, total_frames=2400) as c:
+        return list(c)
+
+
+@pytest.mark.skipif(not hdf5_file.OFD_LOCKS, reason="no F_OFD_SETLK here")
+def test_an_open_is_no_snapshot_and_each_live_read_is_of_one_commit(tmp_path, pendulum):
+    """Durability D22. HDF5 reads the superblock's end of allocation when it opens a
+    file and the chunk index when a read first needs it, so a reader that opened
+    the file before a commit reads index nodes that point past its end ("addr
+    overflow"); so does a new open while the older one is open (HDF5 shares the
+    older one's). A LiveFile opened before the commit reads it whole: the commit
+    clock moved, so it opens the file again, through a file object of its own."""
+    path = tmp_path / "live.h5"
+    w = make_writer("hdf5", path, metadata=META, chunk_frames=16).open()  # many chunks
+    w.append(pendulum[0])
+    w.commit()
+    stale = fresh = 0
+    for batch in pendulum[1:]:
+        plain = h5py.File(path, "r", locking=False)
+        assert plain[TRAJ].shape[0] == 8  # the superblock and the dataset's header read
+        live = LiveFile(path)
+        live.read(lambda f: f[TRAJ].shape)
+        w.append(batch)
+        w.commit()  # new chunks, index nodes rewritten (some split)
+        try:
+            plain[TRAJ][()]
+        except OSError as exc:
+            assert "addr overflow" in str(exc)
+            stale += 1
+        try:
+            with h5py.File(path, "r", locking=False) as again:
+                again[TRAJ][()]
+        except OSError:
+            fresh += 1
+        plain.close()
+        with live:
+            np.testing.assert_array_equal(LiveArray(live, TRAJ)[()], w._read(TRAJ))
+            assert live.read(lambda f: file_meta(f.attrs)[0]["frames"]) == w.frames
+    w.close()
+    assert stale and fresh, (stale, fresh)  # the cause, seen
+
+
+def test_a_read_that_a_commit_raced_is_read_again_from_a_new_open(tmp_path, pendulum):
+    path = tmp_path / "live.h5"
+    w = make_writer("hdf5", path, metadata=META, chunk_frames=16).open()
+    w.append(pendulum[0])
+    w.commit()
+    opens = []
+
+    def read(f):
+        opens.append(f)
+        if len(opens) == 1:  # a commit while the first read goes on
+            w.append(pendulum[1])
+            w.commit()
+        return f[TRAJ][()], file_meta(f.attrs)[0]["frames"]
+
+    with LiveFile(path) as live:
+        traj, frames = live.read(read)
+    if hdf5_file.OFD_LOCKS:
+        assert len(opens) == 2 and opens[0] is not opens[1]
+        assert frames == w.frames == 400
+        np.testing.assert_array_equal(traj, w._read(TRAJ))
+    w.close()
+    np.testing.assert_array_equal(read_array(path, TRAJ), np.asarray(traj)[:, : w.steps])
+
+
+def test_live_arrays_slice_like_h5py_in_pieces_of_one_commit(tmp_path, monkeypatch):
+    path = tmp_path / "x.h5"
+    data = np.arange(5 * 37 * 3, dtype=np.float32).reshape(5, 37, 3)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(2, 4, 3), maxshape=(None, None, 3))
+    monkeypatch.setattr(hdf5, "PIECE_BYTES", 100)  # many pieces
+    indexes = [
+        (),
+        (slice(None),),
+        (2,),
+        (-1, slice(3, 20)),
+        (slice(1, 4), slice(None), 1),
+        (Ellipsis, 0),
+        (slice(None), 36),
+        (slice(3, 3),),
+        ([0, 2],),  # not a box: one read
+        (slice(None, None, 2),),
+    ]
+    with LiveFile(path) as live:
+        array = LiveArray(live, "x")
+        assert (array.shape, array.dtype, array.ndim, len(array)) == ((5, 37, 3), data.dtype, 3, 5)
+        for index in indexes:
+            np.testing.assert_array_equal(array[index], data[index], err_msg=str(index))
+        np.testing.assert_array_equal(np.asarray(array), data)
+        live.reopen()  # (HDF5 opens a file for writing only where no open reads it)
+        with h5py.File(path, "r+") as f:
+            f["x"].resize(20, axis=1)  # cut, as closing cuts the steps allocated ahead
+        tail = array[:, 15:]  # the extent it was got with; past the dataset's now: fill
+        np.testing.assert_array_equal(tail[:, :5], data[:, 15:20])
+        assert not tail[:, 5:].any()
+    np.testing.assert_array_equal(read_array(path, "x"), data[:, :20])
+
+
+def test_pieces_cover_the_box_once_within_the_limit():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        shape = tuple(int(n) for n in rng.integers(1, 9, size=rng.integers(1, 4)))
+        index = tuple(slice(int(rng.integers(0, n)), None) for n in shape)
+        box, _ = basic_box(index, shape)
+        limit = int(rng.integers(1, 64))
+        chunks = tuple(int(rng.integers(1, 4)) for _ in shape)
+        seen = np.zeros(shape, np.int64)
+        for piece in pieces(box, 1, chunks, limit):
+            size = math.prod(b - a for a, b in piece)
+            assert size <= limit or size == 1
+            seen[tuple(slice(a, b) for a, b in piece)] += 1
+        expected = np.zeros(shape, np.int64)
+        expected[index] = 1
+        np.testing.assert_array_equal(seen, expected)
+    assert basic_box((1, [0, 1]), (3, 3)) is None and basic_box((5,), (3,)) is None
+
+
+def test_a_merge_s_virtual_datasets_read_through_the_same_readers(tmp_path, batches):
+    """A file no run writes is opened by its name (HDF5 opens the shards a merge's
+    virtual datasets read with the driver that opened the merge: a file object
+    opened none, and crashed)."""
+    from collect_cli.writers.merge import merge
+
+    shards = []
+    for name in ("a", "b"):
+        w = make_writer("hdf5", tmp_path / f"{name}.h5", metadata=META).open()
+        for batch in batches:
+            w.append(batch)
+        w.close()
+        shards.append(tmp_path / f"{name}.h5")
+    merged = tmp_path / "merged.h5"
+    merge(shards, merged)
+    with h5py.File(merged, "r") as f:
+        assert f["observation"].is_virtual
+        expected = f["observation"][()]
+    assert validate(merged) == []
+    np.testing.assert_array_equal(read_array(merged, "observation"), expected)

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
+import subprocess
+import sys
+import time
 
 import pytest
 
 from collect_cli.writers import hdf5_file
-from collect_cli.writers.hdf5_file import CommitOrderedFile, Extents
+from collect_cli.writers.hdf5_file import (
+    CommitOrderedFile,
+    Extents,
+    Tick,
+    read_clock,
+    settled_clock,
+)
+
+needs_ofd_locks = pytest.mark.skipif(not hdf5_file.OFD_LOCKS, reason="no F_OFD_SETLK here")
 
 
 def node(level: int, kids: tuple[int, ...] = (), tag: int = 0) -> bytes:
@@ -129,3 +141,142 @@ def test_extents_match_a_set_of_bytes():
             start = rng.randrange(0, 120)
             end = start + rng.randint(1, 10)
             assert extents.overlaps(start, end) == bool(covered & set(range(start, end)))
+
+
+def _reader(f: CommitOrderedFile) -> int:
+    """Another open of ``f``'s file, as a reader's."""
+    return os.open(f"/proc/self/fd/{f.fd}", os.O_RDONLY)
+
+
+@needs_ofd_locks
+def test_the_commit_clock_moves_around_the_writes_over_committed_content(file, monkeypatch):
+    """Durability D22: a reader that finds the clock at rest before its read and at
+    the same place after it read none of a commit's writes over committed content."""
+    reader = _reader(file)
+    try:
+        first = read_clock(reader)
+        assert first is not None and not first.writing
+        write(file, 0, bytes(1000))
+        file.commit()  # new space only: written at once, nothing counted
+        assert read_clock(reader) == first
+        seen = []
+        real = hdf5_file._pwrite
+
+        def recording(fd, data, at):
+            seen.append((at, bytes(data), read_clock(reader)))
+            real(fd, data, at)
+
+        monkeypatch.setattr(hdf5_file, "_pwrite", recording)
+        write(file, 600, b"b" * 10)  # over committed content: held
+        write(file, 2000, b"c" * 10)  # new space: written at once, the clock at rest
+        write(file, 100, b"d" * 10)
+        file.commit()
+        writing = Tick(first.commits, True)
+        assert seen == [
+            (2000, b"c" * 10, first),
+            (100, b"d" * 10, writing),
+            (600, b"b" * 10, writing),
+        ]
+        assert read_clock(reader) == Tick(first.commits + 1, False)
+        file.commit()  # nothing held: the clock stays
+        assert read_clock(reader) == Tick(first.commits + 1, False)
+    finally:
+        os.close(reader)
+
+
+@needs_ofd_locks
+def test_the_clock_goes_with_its_writer_and_a_new_writer_shows_another(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(100))
+    reader = os.open(path, os.O_RDONLY)
+    script = (
+        "import os, sys, time\n"
+        "from collect_cli.writers.hdf5_file import CommitOrderedFile\n"
+        "f = CommitOrderedFile(os.open(sys.argv[1], os.O_RDWR))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    killed = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=-1)
+    try:
+        assert killed.stdout.readline() == b"ready\n"
+        tick = read_clock(reader)
+        assert tick is not None and not tick.writing
+        killed.kill()
+        killed.wait()
+        assert read_clock(reader) is None  # gone with it: the file changes no more
+        fd = os.open(path, os.O_RDWR)
+        resumed = CommitOrderedFile(fd, committed=100)
+        assert read_clock(reader) not in (None, tick)  # a random start: another clock
+        resumed.close_clock()  # closed
+        assert read_clock(reader) is None
+        os.close(fd)
+    finally:
+        killed.kill()
+        killed.wait()
+        os.close(reader)
+
+
+@needs_ofd_locks
+def test_readers_wait_for_a_commit_being_written_and_not_twice_for_one_that_stalls(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(100))
+    script = (
+        "import fcntl, os, struct, sys, time\n"
+        "lock = struct.Struct('hhqqi4x')\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+        "def at(n, kind=fcntl.F_WRLCK):\n"
+        "    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock.pack(kind, 0, (1 << 62) + n, 1, 0))\n"
+        "at(4 * 7 + 2)\n"  # writing commit 8
+        "print('ready', flush=True)\n"
+        "time.sleep(float(sys.argv[2]))\n"
+        "at(4 * 8); at(4 * 7 + 2, fcntl.F_UNLCK)\n"  # at rest: 8 commits
+        "time.sleep(60)\n"
+    )
+    reader = os.open(path, os.O_RDONLY)
+    writers = []
+    try:
+        writer = subprocess.Popen([sys.executable, "-c", script, str(path), "0.3"], stdout=-1)
+        writers.append(writer)
+        assert writer.stdout.readline() == b"ready\n"
+        assert read_clock(reader) == Tick(7, True)
+        start = time.monotonic()
+        assert settled_clock(reader) == Tick(8, False)  # waited for
+        assert time.monotonic() - start >= 0.2
+        writer.kill()
+        writer.wait()
+        assert read_clock(reader) is None
+
+        stuck = subprocess.Popen([sys.executable, "-c", script, str(path), "60"], stdout=-1)
+        writers.append(stuck)  # stopped in the middle of a commit, say
+        assert stuck.stdout.readline() == b"ready\n"
+        start = time.monotonic()
+        assert settled_clock(reader, wait=0.3) == Tick(7, True)
+        assert time.monotonic() - start >= 0.3
+        start = time.monotonic()
+        assert settled_clock(reader, wait=0.3) == Tick(7, True)  # not waited for again
+        assert time.monotonic() - start < 0.1
+    finally:
+        for writer in writers:
+            writer.kill()
+            writer.wait()
+        os.close(reader)
+
+
+@needs_ofd_locks
+def test_where_the_filesystem_refuses_the_clock_commits_go_on_without_it(file, monkeypatch):
+    def refuse(fd, cmd, arg=0):
+        raise OSError(37, "No locks available")
+
+    reader = _reader(file)
+    try:
+        write(file, 0, bytes(100))
+        file.commit()
+        assert read_clock(reader) is not None
+        monkeypatch.setattr(fcntl, "fcntl", refuse)
+        write(file, 10, b"x" * 10)
+        file.commit()
+        monkeypatch.undo()
+        assert on_disk(file, 10, 10) == b"x" * 10
+        assert read_clock(reader) is None  # none from then on: readers read as they find
+    finally:
+        os.close(reader)
