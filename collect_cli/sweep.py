@@ -12,15 +12,19 @@ launcher plugin is configured: ``basic`` (in process, one after the other),
 :class:`SweepJob` is a picklable callable (launchers ship it to other processes
 or machines) that never raises: each job returns a result dict (its shard,
 frames, status, exit code, error), so one failed job leaves the other shards
-and the sweep's summary intact. Nothing here prints; plain progress lines go
-through :mod:`collect_cli.progress`, as for a single run.
+and the sweep's summary intact (on Ray, also a job whose process or node died:
+:func:`_on_ray`). Nothing here prints; plain progress lines go through
+:mod:`collect_cli.progress`, as for a single run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import importlib.util
 import logging
+import os
 import re
 import secrets
 import shutil
@@ -28,6 +32,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,10 +41,11 @@ from omegaconf import DictConfig, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from collect_cli import config
-from collect_cli.dataformat import SUFFIXES
+from collect_cli.dataformat import COMPLETE, INTERRUPTED, SUFFIXES
 from collect_cli.errors import (
     EXIT_INTERRUPTED,
     EXIT_RUNTIME,
+    FAILED,
     CollectionError,
     ConfigError,
     RlcollectError,
@@ -57,6 +63,7 @@ HYDRA_DEFAULTS = {
     "hydra.job.chdir": "false",
 }
 SWEEP_DIR = "hydra.sweep.dir"
+RAY_PLUGIN = "hydra_plugins.hydra_ray_launcher"  # hydra/launcher=ray, ray_cluster
 _interrupted = False  # a job of this process was interrupted: start no more jobs
 
 
@@ -91,6 +98,7 @@ class Plan:
     jobs: list[list[str]]  # each job's overrides (Hydra's basic sweeper order = job numbers)
     outs: list[Path]  # each job's shard path, relative to the caller's directory if relative
     sweep_dir_given: bool = False
+    launcher: str = ""  # the launcher plugin's class
 
 
 @dataclass
@@ -137,7 +145,7 @@ def plan(overrides: list[str], cwd: Path) -> Plan:
     jobs = [job for batch in jobs for job in batch]
     sweep_id = new_sweep_id()
     hydra_overrides = [o.input_line for o in hydra_side]
-    outs = _validate_jobs(jobs, hydra_overrides, sweep_id, cwd)
+    outs, launcher = _validate_jobs(jobs, hydra_overrides, sweep_id, cwd)
 
     seen: dict[Path, int] = {}
     for num, out in enumerate(outs):
@@ -155,14 +163,15 @@ def plan(overrides: list[str], cwd: Path) -> Plan:
         jobs=jobs,
         outs=outs,
         sweep_dir_given=any(o.key_or_group == SWEEP_DIR for o in hydra_side),
+        launcher=launcher,
     )
 
 
 def _validate_jobs(
     jobs: list[list[str]], hydra_overrides: list[str], sweep_id: str, cwd: Path
-) -> list[Path]:
+) -> tuple[list[Path], str]:
     """Compose every job as its launcher will, with ``hydra.job.num`` set (so that
-    ``${hydra:job.num}`` resolves); return each job's shard path."""
+    ``${hydra:job.num}`` resolves); return each job's shard path, and the launcher."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException
@@ -178,9 +187,10 @@ def _validate_jobs(
             config_dir=str(config.conf_dir()), version_base=None, job_name="rlcollect"
         ):
             try:  # Hydra's own settings first: their errors concern no job in particular
-                compose("config", overrides=hydra_overrides, return_hydra_config=True)
+                cfg = compose("config", overrides=hydra_overrides, return_hydra_config=True)
             except (HydraException, OmegaConfBaseException) as exc:
-                raise config.hydra_error(exc) from None
+                raise _missing_ray(hydra_overrides) or config.hydra_error(exc) from None
+            launcher = str(cfg.hydra.launcher.get("_target_", ""))
             for num, job in enumerate(jobs):
                 try:
                     cfg = compose(
@@ -198,10 +208,27 @@ def _validate_jobs(
                     raise _job_error(num, job, config.hydra_error(exc)) from None
                 except RlcollectError as exc:
                     raise _job_error(num, job, exc) from None
+                if settings.resume and not job_cfg.out:  # new shards under data/<sweep id>/
+                    raise ConfigError(
+                        "resume=true in a sweep needs out naming each job's shard, as in the "
+                        "sweep it resumes (e.g. out='/shared/data/pend_s${seed}.h5')"
+                    )
                 outs.append(out)
     finally:
         hydra_config.cfg = previous
-    return outs
+    return outs, launcher
+
+
+def _missing_ray(hydra_overrides: list[str]) -> ConfigError | None:
+    """``hydra/launcher=ray...`` without hydra-ray-launcher: say what to install."""
+    picked = [o for o in hydra_overrides if re.match(r"[+~]*hydra/launcher=ray", o)]
+    with contextlib.suppress(ImportError):  # no hydra_plugins at all
+        if not picked or importlib.util.find_spec(RAY_PLUGIN):
+            return None
+    return ConfigError(
+        f"{picked[0]}: the Ray launcher is not installed: pip install 'rlcollect[sweep]' "
+        "(hydra-ray-launcher and ray), on every node of the cluster"
+    )
 
 
 def _without_hydra(cfg: DictConfig) -> DictConfig:
@@ -281,7 +308,7 @@ class SweepJob:
             usage = config.hydra_error(exc)
             result.update(exit_code=exit_code(usage), error=str(usage))
         except KeyboardInterrupt:
-            result.update(status="interrupted", exit_code=EXIT_INTERRUPTED, error="interrupted")
+            result.update(status=INTERRUPTED, exit_code=EXIT_INTERRUPTED, error=INTERRUPTED)
         except Exception as exc:
             hint = "rerun with debug=true for a traceback"
             result.update(error=f"unexpected {type(exc).__name__}: {exc} ({hint})")
@@ -336,8 +363,11 @@ def run_sweep(overrides: list[str], cwd: Path) -> Outcome:
     )
     job = SweepJob(sweep.sweep_id, tuple(overrides), len(sweep.jobs), str(cwd))
     try:
-        with initialize_config_dir(
-            config_dir=str(config.conf_dir()), version_base=None, job_name="rlcollect"
+        with (
+            _on_ray(sweep.launcher),
+            initialize_config_dir(
+                config_dir=str(config.conf_dir()), version_base=None, job_name="rlcollect"
+            ),
         ):
             hydra = GlobalHydra.instance().hydra
             returns = hydra.multirun(
@@ -356,16 +386,13 @@ def run_sweep(overrides: list[str], cwd: Path) -> Outcome:
         raise CollectionError(
             f"the sweep's launcher failed: {type(exc).__name__}: {exc}{where}"
         ) from exc
-    results = [_result(ret, num) for num, ret in enumerate(r for batch in returns for r in batch)]
+    returned = enumerate(r for batch in returns for r in batch)
+    results = [_result(ret, num, sweep) for num, ret in returned]
     failed = [r for r in results if r["exit_code"] != 0]
     keep = bool(failed) and temp_dir is not None and _has_logs(temp_dir)
     _cleanup(temp_dir, keep=keep)
-    if not failed:
-        status = "complete"
-    elif all(r["exit_code"] == EXIT_INTERRUPTED for r in failed):
-        status = "interrupted"
-    else:
-        status = "failed"
+    interrupted = all(r["exit_code"] == EXIT_INTERRUPTED for r in failed)
+    status = FAILED if not interrupted else INTERRUPTED if failed else COMPLETE
     summary = {
         "sweep": sweep.sweep_id,
         "status": status,
@@ -382,34 +409,84 @@ def run_sweep(overrides: list[str], cwd: Path) -> Outcome:
     )
 
 
-def _result(ret: Any, num: int) -> dict[str, Any]:
-    """A job's result dict; a job whose task function raised anyway counts as failed."""
-    error = "the job returned nothing"
+def _result(ret: Any, num: int, sweep: Plan) -> dict[str, Any]:
+    """A job's result dict; a job whose task function raised anyway, or whose process
+    died (:class:`Lost`), counts as failed."""
     try:
         value = ret.return_value
+        error = "the job returned nothing" if value is None else f"unexpected result {value!r}"
     except Exception as exc:
-        value = None
-        error = f"{type(exc).__name__}: {exc}"
+        value, error = None, f"{type(exc).__name__}: {exc}"
     if isinstance(value, dict):
         return value
-    result = failed_result(num, list(getattr(ret, "overrides", None) or []))
-    result["error"] = error if value is None else f"unexpected job result {value!r}"
+    result = failed_result(num, [readable(o) for o in sweep.jobs[num]])
+    result.update(path=str(sweep.outs[num]), error=getattr(value, "error", error))
     return result
+
+
+@dataclass(frozen=True)
+class Lost:
+    """What a launcher returns for a job whose process or node died."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class _RayJobs:
+    """``ray`` as hydra-ray-launcher's ``_core`` sees it during a sweep: its ``get`` of
+    a job whose process or node died returns :class:`Lost` instead of raising."""
+
+    _ray: Any
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ray, name)
+
+    def get(self, ref: Any, *args: Any, **kwargs: Any) -> Any:
+        from hydra.core.utils import JobReturn, JobStatus
+
+        try:
+            return self._ray.get(ref, *args, **kwargs)
+        except self._ray.exceptions.RayError as exc:
+            cause = getattr(exc, "cause", None) or exc  # RayTaskError: what the job raised
+            what = (str(cause).strip() or type(cause).__name__).splitlines()[0]
+            error = Lost(
+                f"its Ray task failed ({type(exc).__name__}: {what}); its shard keeps "
+                "what it committed: run the sweep again with resume=true"
+            )
+            return JobReturn(status=JobStatus.COMPLETED, _return_value=error)
+
+
+@contextlib.contextmanager
+def _on_ray(launcher: str) -> Iterator[None]:
+    """hydra-ray-launcher 1.2 waits for its jobs with ``ray.get`` one after the other: a
+    job whose process or node died raises there, and the launcher loses every result
+    (the jobs still running die with the driver). During a sweep on Ray that ``get``
+    gives the job's :class:`Lost` failure instead; worker log lines reach stderr
+    uncoloured, one per job (unless RAY_COLOR_PREFIX, RAY_DEDUP_LOGS are set)."""
+    if not launcher.startswith(RAY_PLUGIN):
+        yield
+        return
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read when ray is imported
+    import ray
+    from hydra_plugins.hydra_ray_launcher import _core
+
+    plain, joined = _core.ray, not ray.is_initialized()  # else: the caller's connection
+    _core.ray = _RayJobs(ray)
+    try:
+        yield
+    finally:
+        _core.ray = plain
+        if joined and ray.is_initialized():
+            time.sleep(0.5)  # the jobs' last log lines: Ray's log monitor polls at 10 Hz
+            ray.shutdown()
 
 
 def failed_result(num: int, overrides: list[str]) -> dict[str, Any]:
     """A job's result before (or without) a run: failed, exit code 1."""
-    return {
-        "job": num,
-        "overrides": overrides,
-        "path": None,
-        "frames": None,
-        "episodes": None,
-        "seconds": None,
-        "frames_per_s": None,
-        "status": "failed",
-        "exit_code": EXIT_RUNTIME,
-    }
+    unknown = dict.fromkeys(("path", "frames", "episodes", "seconds", "frames_per_s"))
+    failed = {"status": FAILED, "exit_code": EXIT_RUNTIME}
+    return {"job": num, "overrides": overrides, **unknown, **failed}
 
 
 def _has_logs(directory: str) -> bool:

@@ -206,6 +206,7 @@ def test_failed_job_is_reported_others_stay_valid_merge_refuses_it(tmp_path, mon
         (("seed=0,[1",), "seed=0,[1"),
         (("seed=0,1", "hydra/sweeper=optuna"), "basic sweeper only"),
         (("seed=0,1", "hydra.job.chdir=true,false"), "cannot be swept"),
+        (("seed=0,1", "resume=true"), "resume=true in a sweep needs out naming each job's"),
     ],
 )
 def test_sweep_usage_errors_exit_2_one_line(tmp_path, monkeypatch, args, message):
@@ -262,3 +263,57 @@ def test_slurm_example_config_composes():
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert (launcher.partition, launcher.timeout_min, launcher.cpus_per_task) == ("cpu", 240, 8)
+
+
+def test_ray_cluster_launcher_joins_a_running_cluster_without_a_searchpath():
+    """docs/cli.md's Ray recipe: ``hydra/launcher=ray_cluster`` (in rlcollect's conf/)
+    joins the cluster ``ray start`` made, as a client may (nothing is started here)."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    from hydra import compose, initialize_config_dir
+
+    from collect_cli import config
+
+    config.register()
+    with initialize_config_dir(config_dir=str(config.conf_dir()), version_base=None):
+        cfg = compose("config", overrides=["hydra/launcher=ray_cluster"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
+    assert dict(launcher.ray.init) == {"address": "auto", "object_store_memory": None}
+    assert (launcher.ray.remote.num_cpus, launcher.ray.remote.max_retries) == (1, 0)
+
+
+def test_ray_launcher_missing_says_what_to_install(monkeypatch):
+    from collect_cli import sweep
+
+    monkeypatch.setattr(sweep.importlib.util, "find_spec", lambda name: None)
+    error = sweep._missing_ray(["hydra/launcher=ray_cluster"])
+    assert "hydra/launcher=ray_cluster: the Ray launcher is not installed" in str(error)
+    assert "pip install 'rlcollect[sweep]'" in str(error)
+    assert sweep._missing_ray(["hydra/launcher=joblib"]) is None
+
+
+def test_a_ray_job_whose_process_died_is_a_failed_job_of_the_summary():
+    """On Ray, ``ray.get`` of a job whose worker died returns its failure (exit 1,
+    named, with its shard) instead of ending the whole sweep (tests/test_sweep_ray.py
+    kills a job on a real cluster)."""
+    from types import SimpleNamespace
+
+    from collect_cli import sweep
+
+    class WorkerCrashedError(Exception):
+        pass
+
+    def get(ref):
+        if ref == 1:
+            raise WorkerCrashedError("The worker died unexpectedly while executing this task.")
+        return SimpleNamespace(return_value={"job": ref, "exit_code": 0})
+
+    ray = SimpleNamespace(get=get, exceptions=SimpleNamespace(RayError=WorkerCrashedError))
+    jobs = sweep._RayJobs(ray)
+    plan = sweep.Plan("s", [], [], [["seed=0"], ["seed=1"]], [Path("a.h5"), Path("b.h5")])
+    assert sweep._result(jobs.get(0), 0, plan) == {"job": 0, "exit_code": 0}
+    lost = sweep._result(jobs.get(1), 1, plan)
+    assert (lost["job"], lost["overrides"], lost["path"]) == (1, ["seed=1"], "b.h5")
+    assert (lost["status"], lost["exit_code"]) == ("failed", 1)
+    assert lost["error"].startswith("its Ray task failed (WorkerCrashedError: The worker died")
+    assert jobs.exceptions is ray.exceptions  # the rest of ray as it is
