@@ -35,7 +35,7 @@ format: $(STAMP)  ## apply ruff fixes and formatting
 	$(BIN)/ruff check --fix collect_cli tests benchmarks
 	$(BIN)/ruff format collect_cli tests benchmarks
 
-bench: $(STAMP)  ## throughput benchmarks; appends to benchmarks/RESULTS.md
+bench: $(STAMP)  ## throughput benchmarks; appends dated records to benchmarks/records/
 	$(BIN)/python benchmarks/bench.py
 	$(BIN)/python benchmarks/memory.py
 

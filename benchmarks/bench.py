@@ -30,7 +30,8 @@ rlcollect rows are full ``rlcollect run``s in this process (collector, episodes
 table, writer, commits). Each row also gives the CPU time a frame took (this
 process and its workers; a run's start-up included). torch runs with one
 intra-op thread unless ``--threads`` says otherwise (0: torch's default, which is
-what a user's ``rlcollect run`` gets). Appends a dated record to RESULTS.md.
+what a user's ``rlcollect run`` gets). Appends a dated record to the month's file,
+``benchmarks/records/YYYY-MM.md``.
 
     python benchmarks/bench.py                       # the default matrix
     python benchmarks/bench.py --frames 1e6 --repeat 5 --no-contenders \
@@ -255,7 +256,9 @@ def main() -> None:
         default=3,
         help="rounds of the bare loop and the rlcollect rows (run in turn); medians reported",
     )
-    parser.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument(
+        "--no-record", action="store_true", help="do not append to benchmarks/records/"
+    )
     parser.add_argument(
         "--tensordict-loop",
         action=argparse.BooleanOptionalAction,

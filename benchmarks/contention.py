@@ -94,7 +94,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--frames", type=int, default=100_000, help="of each gymnasium loop")
     parser.add_argument("--steps", type=int, default=800, help="native steps a measurement")
-    parser.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument(
+        "--no-record", action="store_true", help="do not append to benchmarks/records/"
+    )
     args = parser.parse_args()
     ctx = mp.get_context("fork")
     loads = [os.getloadavg()[0]]

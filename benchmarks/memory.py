@@ -3,7 +3,8 @@
 Runs the real CLI in a subprocess for each ``--frames`` value and writer
 (Pendulum, random policy, hdf5 and memmap; the envpool backend with 256 envs
 when installed, so 1e7 frames take about 30 s here, else gymnasium with 8) and
-reads the child's peak resident set size from ``wait4``. Appends a dated record to RESULTS.md.
+reads the child's peak resident set size from ``wait4``. Appends a dated record
+to the month's file, ``benchmarks/records/YYYY-MM.md``.
 
     python benchmarks/memory.py                     # 1e6 and 1e7 frames, both writers
     python benchmarks/memory.py --frames 1e5 1e6 --writers memmap --no-record

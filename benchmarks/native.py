@@ -234,7 +234,9 @@ def main() -> None:
         help="where the datasets are written (default: the temp dir; /dev/shm takes the disk out)",
     )
     parser.add_argument("--profile", action="store_true", help="also cProfile the cli job")
-    parser.add_argument("--record", action="store_true", help="append a record to RESULTS.md")
+    parser.add_argument(
+        "--record", action="store_true", help="append a record to benchmarks/records/"
+    )
     args = parser.parse_args()
     rows = args.rows.split(",")
     unknown = set(rows) - set(ROWS)

@@ -91,7 +91,9 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--envs", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--repeat", type=int, default=5, help="paired rounds; medians reported")
-    parser.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument(
+        "--no-record", action="store_true", help="do not append to benchmarks/records/"
+    )
     args = parser.parse_args()
     frames = int(args.frames)
     torch.set_num_threads(1)  # both contenders alike: one thread for the network

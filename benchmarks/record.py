@@ -1,15 +1,24 @@
-"""Shared by the benchmark scripts: the machine line and dated RESULTS.md records."""
+"""Shared by the benchmark scripts: the machine line and the dated records.
+
+Each record is appended to the month's file, ``benchmarks/records/YYYY-MM.md``
+(created when missing). ``benchmarks/RESULTS.md`` holds only the current figure
+of each target, kept by hand from these records.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
 import platform
+import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+RESULTS = Path(__file__).with_name("RESULTS.md")  # the current figures, by hand
+RECORDS = Path(__file__).with_name("records")  # the dated records, a file a month
+_DATED = re.compile(r"^\s*## (\d{4}-\d{2})-\d{2}\b")
 
 
 def machine() -> str:
@@ -42,12 +51,28 @@ def header(title: str = "", machine_line: str | None = None) -> list[str]:
     ]
 
 
-def append(lines: list[str]) -> None:
-    with RESULTS.open("a") as fh:
+def records_file(lines: Iterable[str] = ()) -> Path:
+    """The month's records file: the month of the record's ``## YYYY-MM-DD``
+    heading (see :func:`header`), else this month."""
+    month = next((m.group(1) for line in lines if (m := _DATED.match(line))), None)
+    return RECORDS / f"{month or dt.date.today().strftime('%Y-%m')}.md"
+
+
+def append(lines: list[str]) -> Path:
+    """Append a dated record (``lines``, from :func:`header` on) to the month's
+    file in ``benchmarks/records/``, creating the file when missing."""
+    path = records_file(lines)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
         if fh.tell() == 0:
-            fh.write("# Benchmark results\n\nAppended by `make bench`; figures as measured.\n")
+            fh.write(
+                f"# Benchmark records, {path.stem}\n\n"
+                "Dated records, appended by the scripts in `benchmarks/` (`record.py`);\n"
+                "figures as measured. The current figure of each target: `../RESULTS.md`.\n"
+            )
         fh.write("\n".join(lines) + "\n")
-    print(f"recorded in {RESULTS}")
+    print(f"recorded in {path}")
+    return path
 
 
 def run_frames_per_s(overrides: list[str]) -> float:

@@ -5,7 +5,7 @@ native backend (4096 batched torch envs: millions of frames a second), then
 runs ``rlcollect report`` on it in a subprocess and reads the child's wall time
 and peak resident set size from ``wait4``. The datasets are deleted afterwards.
 Target (issue 21): 1e7 frames in <= 30 s and <= 1 GiB peak RSS. Appends a dated
-record to RESULTS.md.
+record to the month's file, ``benchmarks/records/YYYY-MM.md``.
 
     python benchmarks/report.py                     # 1e6 and 1e7 frames, hdf5 and memmap
     python benchmarks/report.py --frames 1e6 --writers memmap --no-record
@@ -50,7 +50,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--frames", nargs="+", default=["1e6", "1e7"])
     parser.add_argument("--writers", nargs="+", default=["hdf5", "memmap"])
-    parser.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument(
+        "--no-record", action="store_true", help="do not append to benchmarks/records/"
+    )
     args = parser.parse_args()
 
     rows = []

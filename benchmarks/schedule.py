@@ -145,7 +145,9 @@ def main() -> None:
         "--skip", type=float, default=0.5, help="seconds of collecting before the window"
     )
     parser.add_argument("--window", type=float, default=2.0, help="seconds watched")
-    parser.add_argument("--record", action="store_true", help="append to RESULTS.md")
+    parser.add_argument(
+        "--record", action="store_true", help="append a record to benchmarks/records/"
+    )
     args = parser.parse_args()
     if not Path("/proc/self/schedstat").exists():
         raise SystemExit("needs Linux's scheduler statistics (/proc/<pid>/schedstat)")

@@ -31,7 +31,9 @@ def wall(cmd: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=11)
-    parser.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument(
+        "--no-record", action="store_true", help="do not append to benchmarks/records/"
+    )
     args = parser.parse_args()
     exe = shutil.which("rlcollect") or str(Path(sys.executable).with_name("rlcollect"))
     cases = {
