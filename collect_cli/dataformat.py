@@ -14,7 +14,8 @@ A dataset is one logical ``[lanes, time]`` TensorDict (``docs/dataset.md``):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -79,25 +80,28 @@ REQUIRED_FRAME_KEYS: dict[str, str | None] = {
 # which plain h5py reads as ``bytes``. The metadata's observation space says which are Text.
 
 
+def described_leaves(desc: Any, key: Key = ()) -> Iterator[tuple[Key, dict]]:
+    """``(key, description)`` of each leaf of a serialised space (``specs.describe``):
+    Dict and Tuple spaces nest, their keys joined as the frame keys are."""
+    if not isinstance(desc, dict):
+        return
+    if desc.get("type") == "Dict":
+        for name, sub in desc["spaces"].items():
+            yield from described_leaves(sub, (*key, str(name)))
+    elif desc.get("type") == "Tuple":
+        for i, sub in enumerate(desc["spaces"]):
+            yield from described_leaves(sub, (*key, str(i)))
+    else:
+        yield key, desc
+
+
 def text_keys(meta: dict) -> set[Key]:
     """The frame keys holding Text (``observation/...`` and ``next/observation/...``),
     from the serialised observation space in ``meta``."""
     found: set[Key] = set()
-
-    def walk(desc: dict, key: Key) -> None:
-        kind = desc.get("type")
-        if kind == "Dict":
-            for name, sub in desc["spaces"].items():
-                walk(sub, (*key, str(name)))
-        elif kind == "Tuple":
-            for i, sub in enumerate(desc["spaces"]):
-                walk(sub, (*key, str(i)))
-        elif kind == "Text":
+    for key, desc in described_leaves(meta.get("observation_space")):
+        if desc.get("type") == "Text":
             found.update({(OBSERVATION, *key), (NEXT, OBSERVATION, *key)})
-
-    space = meta.get("observation_space")
-    if isinstance(space, dict):
-        walk(space, ())
     return found
 
 

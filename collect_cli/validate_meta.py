@@ -40,16 +40,9 @@ def action_bounds(meta: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:
     inclusive bounds as float64, shaped like a frame's value. A float Box's are widened
     by a few units in the last place (a sampler's ``low + span * u`` may round past)."""
     out = []
-
-    def walk(desc: dict, key: fmt.Key) -> None:
+    for key, desc in fmt.described_leaves(meta.get("action_space")):
         kind = desc.get("type")
-        if kind == "Dict":
-            for name, sub in desc["spaces"].items():
-                walk(sub, (*key, str(name)))
-        elif kind == "Tuple":
-            for i, sub in enumerate(desc["spaces"]):
-                walk(sub, (*key, str(i)))
-        elif kind == "Box":
+        if kind == "Box":
             shape, dtype = tuple(desc["shape"]), np.dtype(desc["dtype"])
             low = np.broadcast_to(np.asarray(desc["low"], np.float64), shape)
             high = np.broadcast_to(np.asarray(desc["high"], np.float64), shape)
@@ -64,8 +57,4 @@ def action_bounds(meta: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:
             span = np.full(np.asarray(span).tolist(), 2) if kind == "MultiBinary" else span
             low = np.broadcast_to(np.asarray(desc.get("start", 0), np.float64), np.shape(span))
             out.append((fmt.path((fmt.ACTION, *key)), low, low + np.asarray(span) - 1))
-
-    space = meta.get("action_space")
-    if isinstance(space, dict):
-        walk(space, ())
     return out
