@@ -174,6 +174,17 @@ def return_stats(rows: Rows) -> dict[str, float] | None:
 # -- metadata --------------------------------------------------------------------------
 MEMMAP_META_FILE = "rlcollect.json"  # a memmap dataset's metadata, inside its directory
 IDENTITY = ("format_version", "backend")  # metadata every dataset carries: it is rlcollect's
+# metadata that says what a dataset's frames mean (run.py's _stream_options writes them);
+# datasets differing in MEANING (a missing key: its default) never merge
+MEANING = {"postproc": {"name": "none"}, "split_trajs": False, "reset_when_done": True}
+STREAM_KEYS = (
+    *MEANING,
+    "reset_at_each_iter",
+    "max_frames_per_traj",
+    "init_random_frames",
+    "exploration_type",
+    "info_keys",
+)
 REQUIRED_META = ("format_version", "status", "frames", "steps", "episodes", "lanes", "env_id")
 LANE_STEPS = "lane_steps"
 # where the data came from: the policy's checkpoint (name, size, sha256, algorithm...)

@@ -132,6 +132,13 @@ def _check(shards: list[Shard], allow_incomplete: bool) -> None:
                     f"shards differ in {what}: {p0!r} has {_short(first.meta.get(key))}, "
                     f"{p!r} has {_short(shard.meta.get(key))}"
                 )
+        for key, default in fmt.MEANING.items():  # n-step frames, rows, resets
+            ours, theirs = first.meta.get(key, default), shard.meta.get(key, default)
+            if ours != theirs:
+                raise MergeError(
+                    f"shards differ in {key}: {p0!r} has {_short(ours)}, {p!r} has "
+                    f"{_short(theirs)}: their frames mean different things"
+                )
         for a, b in ((first, shard), (shard, first)):
             extra = sorted(set(a.arrays) - set(b.arrays))
             if extra:
@@ -210,6 +217,10 @@ def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dic
         "shards": [_shard_entry(s, dest) for s in shards],
         **provenance.merged([s.meta for s in shards]),
     }
+    for key in fmt.STREAM_KEYS:  # kept where every shard says the same
+        values = [json.dumps(s.meta.get(key), sort_keys=True) for s in shards]
+        if key in first and len(set(values)) == 1:
+            meta[key] = first[key]
     if len(sweeps) == 1 and "sweep" in first:
         sweep = first["sweep"]
         meta["sweep"] = {"id": sweep.get("id"), "overrides": sweep.get("overrides")}

@@ -285,3 +285,32 @@ def test_killed_multistep_shards_merge_with_their_own_returns(tmp_path, backend)
     flags = ds.array("next/truncated")[..., 0] & ds.array("next/done")[..., 0]
     assert flags[ep["lane"][cut], last].all()
     assert meta["episodes"] == len(ep["traj_id"])
+
+
+def test_stream_keys_are_what_a_run_records():
+    from collect_cli import dataformat as fmt
+    from collect_cli.run import _stream_options
+
+    settings = config.load(config.compose(["out=x.h5"]))
+    assert set(_stream_options(settings)) == set(fmt.STREAM_KEYS)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_merge_keeps_what_its_frames_mean_and_refuses_shards_that_differ(tmp_path, backend):
+    from collect_cli.errors import MergeError, UsageError
+    from collect_cli.writers.export import export
+
+    shards = [out_path(tmp_path, backend, f"s{seed}") for seed in (0, 1)]
+    for seed, shard in enumerate(shards):
+        collect(shard, f"writer={backend}", f"seed={seed}", "postproc=multistep", "postproc.n=3")
+    merged = out_path(tmp_path, backend, "m")
+    merge(shards, merged)
+    meta = assert_consistent(merged)
+    assert meta["postproc"] == open_dataset(shards[0]).meta["postproc"]
+    assert meta["postproc"]["n"] == 3 and meta["reset_when_done"] is True
+    with pytest.raises(UsageError, match="holds multistep transitions"):
+        export(merged, "d4rl", tmp_path / "d.hdf5")  # n-step frames never pass as 1-step
+    plain = out_path(tmp_path, backend, "plain")
+    collect(plain, f"writer={backend}")
+    with pytest.raises(MergeError, match="shards differ in postproc"):
+        merge([shards[0], plain], out_path(tmp_path, backend, "mix"))
