@@ -302,7 +302,8 @@ def test_a_merge_keeps_what_its_frames_mean_and_refuses_shards_that_differ(tmp_p
 
     shards = [out_path(tmp_path, backend, f"s{seed}") for seed in (0, 1)]
     for seed, shard in enumerate(shards):
-        collect(shard, f"writer={backend}", f"seed={seed}", "postproc=multistep", "postproc.n=3")
+        multistep = ("postproc=multistep", "postproc.n=3")
+        collect(shard, "total_frames=400", f"writer={backend}", f"seed={seed}", *multistep)
     merged = out_path(tmp_path, backend, "m")
     merge(shards, merged)
     meta = assert_consistent(merged)
@@ -311,6 +312,6 @@ def test_a_merge_keeps_what_its_frames_mean_and_refuses_shards_that_differ(tmp_p
     with pytest.raises(UsageError, match="holds multistep transitions"):
         export(merged, "d4rl", tmp_path / "d.hdf5")  # n-step frames never pass as 1-step
     plain = out_path(tmp_path, backend, "plain")
-    collect(plain, f"writer={backend}")
+    collect(plain, "total_frames=400", f"writer={backend}")
     with pytest.raises(MergeError, match="shards differ in postproc"):
         merge([shards[0], plain], out_path(tmp_path, backend, "mix"))
