@@ -23,7 +23,7 @@ from collect_cli import __version__
 from collect_cli.dataformat import ACTION, OBSERVATION
 from collect_cli.errors import UsageError, WriteError
 from collect_cli.report import MAX_DIMS, Stats
-from collect_cli.writers.base import publish
+from collect_cli.writers.fsio import publish
 from collect_cli.writers.ownership import Identity, check_destination, remove_output, staging_name
 
 MATPLOTLIB_INSTALL = "pip install 'rlcollect[report]'"

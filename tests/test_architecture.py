@@ -40,6 +40,9 @@ LAYERS = [
             "collect_cli.writers.hdf5_file",
             "collect_cli.writers.memmap",
             "collect_cli.writers.ownership",
+            "collect_cli.writers.fsio",
+            "collect_cli.writers.arrays",
+            "collect_cli.writers.memmap_json",
         },
     ),
     (

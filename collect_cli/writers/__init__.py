@@ -27,8 +27,8 @@ import numpy as np
 from collect_cli import dataformat as fmt
 from collect_cli import specs
 from collect_cli.errors import OutputError
-from collect_cli.writers.base import Writer, missing_dataset
-from collect_cli.writers.ownership import check_output, shown, what_is
+from collect_cli.writers.base import Writer
+from collect_cli.writers.ownership import check_output, missing_dataset, shown, what_is
 
 
 @dataclass(frozen=True)

@@ -10,31 +10,23 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import ctypes
-import errno
-import functools
-import math
-import mmap
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from tensordict import TensorDictBase
 
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import FORMAT_VERSION, MASK_KEY, Rows
 from collect_cli.errors import OutputError, UsageError, WriteError
-from collect_cli.writers.episodes import TRACKED_KEYS, EpisodeTracker
+from collect_cli.writers.arrays import leaf_items
+from collect_cli.writers.episodes import EpisodeTracker
+from collect_cli.writers.fsio import publish
 from collect_cli.writers.ownership import (
     Identity,
-    alive,
     check_destination,
-    identity,
-    leftovers,
     remove_leftovers,
     remove_output,
     staging_name,
@@ -47,247 +39,6 @@ WRITE_BACK_BYTES = 16 << 20
 
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-# durability D10 (docs/durability.md)
-def exchange(a: Path, b: Path) -> None:
-    """Atomically swap two directories (Linux ``renameat2(RENAME_EXCHANGE)``).
-
-    Where the kernel or filesystem lacks it, falls back to two renames (a crash
-    between them leaves the dataset under ``<path>.resize``).
-    """
-    if swap(a, b):
-        return
-    parked = b.with_name(b.name + ".old")
-    os.rename(b, parked)
-    os.rename(a, b)
-    os.rename(parked, a)
-
-
-def swap(a: Path, b: Path) -> bool:
-    """Atomically swap the names ``a`` and ``b`` (``renameat2(RENAME_EXCHANGE)``);
-    False where the kernel or filesystem lacks it (nothing was done)."""
-    renameat2 = _renameat2()
-    if renameat2 is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-        raise OSError(err, os.strerror(err), str(b))
-    return False
-
-
-@functools.cache
-def _renameat2() -> Any:
-    return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-
-
-def start_write_back(fd: int) -> None:
-    """Start writing the file's dirty pages to the device, without waiting for them
-    (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); a no-op where it is missing:
-    the fsync at close then writes them all."""
-    sync_file_range = _sync_file_range()
-    if sync_file_range is not None and sync_file_range(fd, 0, 0, 2) != 0:  # 2: ..._WRITE
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS, errno.ESPIPE):
-            raise OSError(err, os.strerror(err))
-
-
-def drop_behind(fd: int, start: int, end: int) -> None:
-    """Drop the file's cached pages inside bytes ``start...end`` from the OS's page
-    cache where they are already on the device (``posix_fadvise(DONTNEED)``: dirty
-    pages stay, nothing is lost). For data written once, once its write-back had time
-    to finish: a long run then keeps only its last batches in the page cache, not
-    the whole dataset (no other file's pages are evicted for it), and the kernel
-    recycles those pages for the next batches instead of taking new ones, which
-    costs more than the write itself on some VMs (docs/performance.md). A page that
-    is written again later (HDF5's metadata among the chunks) is read back once.
-    A no-op where there is no ``posix_fadvise``."""
-    page = mmap.PAGESIZE
-    start, end = -(-start // page) * page, end // page * page
-    if end > start and hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
-
-
-@functools.cache
-def _sync_file_range() -> Any:
-    """libc's ``sync_file_range``, or None where there is none."""
-    fn = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
-    if fn is not None:
-        fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return fn
-
-
-def fsync_tree(path: Path) -> None:
-    """Flush a file, or every file under a directory, to the device."""
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    for file in files:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-RESERVE_SLACK = 4 << 20  # bytes reserved beyond an output's estimate: metadata, headers
-
-
-# durability D9 (docs/durability.md)
-def reserve(path: Path, nbytes: int) -> None:
-    """Allocate real blocks for ``nbytes`` (plus slack) of the file at ``path``, which
-    a storage library is writing, so that a full disk fails here, with nothing half
-    written, not inside HDF5 (which cannot recover from a failed write) or as a SIGBUS
-    in a mapping. HDF5 cuts the file to what it used when it closes."""
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.posix_fallocate(fd, 0, nbytes + nbytes // 100 + RESERVE_SLACK)
-    finally:
-        os.close(fd)
-
-
-def need_space(folder: Path, nbytes: int) -> None:
-    """An ENOSPC ``OSError`` where ``folder``'s filesystem has less than ``nbytes``
-    (plus slack) free: the check where a library writes the files (Minari)."""
-    free = shutil.disk_usage(folder).free
-    if free < nbytes + nbytes // 100 + RESERVE_SLACK:
-        raise OSError(
-            errno.ENOSPC,
-            f"No space left on device (about {_mib(nbytes)} needed, {_mib(free)} free)",
-        )
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.1f} MiB"
-
-
-# durability D14, D19 (docs/durability.md)
-def publish(tmp: Path, dest: Path, replaces: Identity | None, sync: bool = True) -> None:
-    """Move what was built at ``tmp`` (beside ``dest``) to ``dest`` in one step (after
-    an fsync, with ``sync``): readers see the old or the new whole, never a part (a
-    directory is swapped atomically where the kernel can). It replaces only what the
-    command checked it may (``replaces``, from :func:`identity`): anything that
-    appeared at ``dest`` or took its place since is an error, and is left alone."""
-    if sync:
-        fsync_tree(tmp)
-    now = identity(dest)
-    if now is None:
-        if not rename_noreplace(tmp, dest):
-            raise OutputError(f"{str(dest)!r} appeared while this command ran: not replacing it")
-        return
-    if replaces is None:
-        raise OutputError(f"{str(dest)!r} appeared while this command ran: not replacing it")
-    if now != replaces:
-        raise OutputError(
-            f"{str(dest)!r} was replaced by something else while this command ran: not replacing it"
-        )
-    if tmp.is_dir() and dest.is_dir() and not dest.is_symlink():
-        exchange(tmp, dest)  # tmp now holds the old one
-        remove_output(tmp)
-    elif tmp.is_file() and dest.is_file() and not dest.is_symlink():
-        os.replace(tmp, dest)
-    else:
-        remove_output(dest)
-        os.rename(tmp, dest)
-
-
-def rename_noreplace(src: Path, dest: Path) -> bool:
-    """Rename ``src`` to ``dest`` unless something is there (atomically with Linux's
-    ``renameat2(RENAME_NOREPLACE)``); whether it did."""
-    renameat2 = _renameat2()
-    if renameat2 is not None:
-        at_fdcwd, flag = -100, 1  # RENAME_NOREPLACE
-        if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dest), flag) == 0:
-            return True
-        err = ctypes.get_errno()
-        if err == errno.EEXIST:
-            return False
-        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
-            raise OSError(err, os.strerror(err), str(dest))
-    if dest.exists() or dest.is_symlink():
-        return False
-    os.rename(src, dest)
-    return True
-
-
-# durability D2 (docs/durability.md)
-def missing_dataset(path: Path) -> OutputError:
-    """The error for no dataset at ``path``, naming a run that has not committed
-    (or was killed before its first commit) if its staging dataset is there."""
-    for staging, pid in leftovers(path, ("creating",)):
-        if staging.name.endswith(".resize"):
-            continue
-        if alive(pid):
-            return OutputError(
-                f"no dataset at {str(path)!r} yet: the run with pid {pid} is creating it "
-                "and it appears at its first commit"
-            )
-        return OutputError(
-            f"no dataset at {str(path)!r}: the run with pid {pid} was killed before its "
-            f"first commit, so nothing was saved (the next run to it removes {staging.name})"
-        )
-    return OutputError(f"no dataset at {str(path)!r}")
-
-
-# durability D5 (docs/durability.md)
-def leaf_items(batch: TensorDictBase) -> list[tuple[tuple[str, ...], np.ndarray]]:
-    """``(key tuple, numpy array)`` for every leaf of a batch, the mask last (a frame
-    whose mask is on disk has all its other entries on disk too). Each array is
-    ``[lanes, time, ...]``: C-contiguous (:func:`lane_major`) for the keys the
-    episode tracker reads, a view of the batch (strided where the collector's buffer
-    is time-major) for the others, which the backends copy piece by piece (HDF5:
-    chunk by chunk, in cache; a whole transposed copy first cost ~25% of a native
-    run's speed, measured)."""
-    out = []
-    for key, value in batch.items(True, True):
-        key = key if isinstance(key, tuple) else (key,)
-        value = value.detach().cpu()
-        out.append((key, lane_major(value) if key in TRACKED_KEYS else value.numpy()))
-    out.sort(key=lambda item: item[0] == MASK_KEY)
-    return out
-
-
-def lane_major(value: torch.Tensor) -> np.ndarray:
-    """``value`` (``[lanes, time, ...]``) as a C-contiguous array (see :func:`contiguous`)."""
-    return contiguous(value.numpy())
-
-
-def _by_torch(array: np.ndarray) -> bool:
-    """Whether torch copies ``array`` (``[lanes, time, ...]`` or a piece of it, not
-    contiguous) faster than numpy. The collectors' buffers are time-major, so a
-    batch's leaves are transposed views. Torch copies them 1.5-3x faster where a
-    frame is small (under 16 KiB) and the array is not (32 KiB and more); numpy is
-    faster for tiny arrays and for larger frames (measured: 3x on Pong's)."""
-    # torch's wider unsigned ints have few kernels (copy_ may lack them)
-    if not (array.dtype.kind in "bif" or array.dtype == np.uint8) or array.ndim < 2:
-        return False
-    size = array.itemsize
-    return math.prod(array.shape[2:]) * size < 16 << 10 and array.size * size >= 32 << 10
-
-
-def contiguous(array: np.ndarray) -> np.ndarray:
-    """``array`` C-contiguous, copied if it is not."""
-    if array.flags.c_contiguous:
-        return array
-    out = np.empty(array.shape, array.dtype)
-    copy_into(out, array)
-    return out
-
-
-def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src``, for arrays of the same shape and dtype."""
-    if not src.flags.c_contiguous and _by_torch(src):
-        _torch_copy(dst, src)
-    else:
-        dst[...] = src
-
-
-def _torch_copy(dst: np.ndarray, src: np.ndarray) -> None:
-    a, b = torch.from_numpy(dst), torch.from_numpy(src)
-    if math.prod(src.shape[2:]) == 1:  # [lanes, time, 1...]: torch's 2-d transpose is 2x faster
-        a, b = a.view(a.shape[:2]), b.view(b.shape[:2])
-    a.copy_(b)
 
 
 class Writer(abc.ABC):

@@ -19,7 +19,7 @@ from collect_cli.dataformat import Rows, concat_rows
 Frames = TensorDictBase | Mapping[fmt.Key, np.ndarray]  # a batch, or its leaves by key tuple
 
 # the frame keys EpisodeTracker.update reads: whole-array numpy work, fastest on
-# C-contiguous [lanes, time] arrays (writers.base.leaf_items makes these so)
+# C-contiguous [lanes, time] arrays (writers.arrays.leaf_items makes these so)
 TRACKED_KEYS = frozenset(
     {
         fmt.MASK_KEY,

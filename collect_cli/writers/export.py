@@ -35,7 +35,7 @@ from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS
 from collect_cli.errors import DatasetError, UsageError, WriteError
 from collect_cli.writers import Dataset, open_dataset
-from collect_cli.writers.base import need_space, publish, reserve
+from collect_cli.writers.fsio import need_space, publish, reserve
 from collect_cli.writers.ownership import (
     check_destination,
     claim,

@@ -25,7 +25,9 @@ import numpy as np
 from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, Rows
 from collect_cli.errors import ConfigError, OutputError, WriteError
-from collect_cli.writers.base import Writer, contiguous, drop_behind, start_write_back
+from collect_cli.writers.arrays import contiguous
+from collect_cli.writers.base import Writer
+from collect_cli.writers.fsio import drop_behind, start_write_back
 from collect_cli.writers.hdf5_file import (
     CommitOrderedFile,
     ReadOnlyFile,

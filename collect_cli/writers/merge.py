@@ -36,7 +36,8 @@ from collect_cli.dataformat import COLUMNS, MASK, TRAJ, Rows, concat_rows
 from collect_cli.errors import MergeError, WriteError
 from collect_cli.writers import BACKENDS, Dataset, open_dataset
 from collect_cli.writers import backend as backend_module
-from collect_cli.writers.base import now, publish, reserve
+from collect_cli.writers.base import now
+from collect_cli.writers.fsio import publish, reserve
 from collect_cli.writers.ownership import (
     check_destination,
     claim,
@@ -342,7 +343,8 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta,
 
 
 def _write_memmap(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta, rows) -> None:
-    from collect_cli.writers.memmap import META_FILE, write_json, write_td_meta
+    from collect_cli.writers.memmap import META_FILE
+    from collect_cli.writers.memmap_json import write_json, write_td_meta
 
     lanes, steps = meta["lanes"], meta["steps"]
     tmp.mkdir()

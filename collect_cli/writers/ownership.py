@@ -299,7 +299,7 @@ def check_destination(
     working directory; an input, an ancestor of one, inside one, or a file an input
     reads; something existing without overwrite (``flag`` names how to ask for it),
     or that is not ``kind`` (``replaceable``); then check it can be written. Returns
-    the identity of what is there, which :func:`~collect_cli.writers.base.publish`
+    the identity of what is there, which :func:`~collect_cli.writers.fsio.publish`
     then replaces (and nothing else)."""
     out = Path(out)
     real = Path(os.path.realpath(out))
@@ -385,6 +385,25 @@ def leftovers(dest: Path, stages: Iterable[str] = STAGES) -> list[tuple[Path, in
             if pid.isdigit():
                 found.append((sibling, int(pid)))
     return found
+
+
+# durability D2 (docs/durability.md)
+def missing_dataset(path: Path) -> OutputError:
+    """The error for no dataset at ``path``, naming a run that has not committed
+    (or was killed before its first commit) if its staging dataset is there."""
+    for staging, pid in leftovers(path, ("creating",)):
+        if staging.name.endswith(".resize"):
+            continue
+        if alive(pid):
+            return OutputError(
+                f"no dataset at {str(path)!r} yet: the run with pid {pid} is creating it "
+                "and it appears at its first commit"
+            )
+        return OutputError(
+            f"no dataset at {str(path)!r}: the run with pid {pid} was killed before its "
+            f"first commit, so nothing was saved (the next run to it removes {staging.name})"
+        )
+    return OutputError(f"no dataset at {str(path)!r}")
 
 
 # durability D2, D20 (docs/durability.md)

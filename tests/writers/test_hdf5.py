@@ -15,7 +15,7 @@ from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.errors import ConfigError, WriteError
 from collect_cli.validate import validate
-from collect_cli.writers import base, hdf5, hdf5_file, make_writer, open_dataset
+from collect_cli.writers import base, fsio, hdf5, hdf5_file, make_writer, open_dataset
 from collect_cli.writers.hdf5 import (
     COMMIT_SLOTS,
     MAX_LANES,
@@ -405,12 +405,12 @@ def test_drop_behind_keeps_every_page_outside_the_span(tmp_path, drops_pages):
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-        base.drop_behind(fd, mib + 1, 7 * mib - 1)
+        fsio.drop_behind(fd, mib + 1, 7 * mib - 1)
         kept = resident_pages(path)
         per_mib = mib // page
         assert kept[: per_mib + 1].all() and kept[7 * per_mib - 1 :].all()
         assert kept[per_mib : 7 * per_mib].mean() < 0.5
-        base.drop_behind(fd, 0, 0)  # nothing
+        fsio.drop_behind(fd, 0, 0)  # nothing
         assert (resident_pages(path) == kept).all()
     finally:
         os.close(fd)

@@ -11,7 +11,8 @@ import pytest
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.writers import make_writer
-from collect_cli.writers.memmap import build_frame_file, spare, write_json
+from collect_cli.writers.memmap import build_frame_file
+from collect_cli.writers.memmap_json import spare, write_json
 
 
 def test_build_frame_file_fills_then_copies_each_lane(tmp_path):
@@ -114,9 +115,9 @@ def test_write_back_covers_only_files_written_in_long_runs_per_lane(tmp_path, mo
 
 def test_without_an_exchange_commits_rename_the_json_in(tmp_path, monkeypatch):
     # filesystems without renameat2(RENAME_EXCHANGE): the spare is renamed over
-    from collect_cli.writers import memmap
+    from collect_cli.writers import memmap_json
 
-    monkeypatch.setattr(memmap, "swap", lambda a, b: False)
+    monkeypatch.setattr(memmap_json, "swap", lambda a, b: False)
     path = tmp_path / "m.json"
     for content in ({"a": 333333}, {"a": 1}):
         write_json(path, content)

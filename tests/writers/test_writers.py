@@ -264,14 +264,14 @@ def test_write_back_starts_writing_committed_frames_and_keeps_the_dataset(
     """A writer on its own thread calls ``write_back`` after each commit: once
     ``WRITE_BACK_BYTES`` were appended it asks the kernel to write them out (the
     syscall really runs: on a closed descriptor it fails), and the dataset is intact."""
-    from collect_cli.writers import base
+    from collect_cli.writers import base, fsio
 
     r, w_fd = os.pipe()
-    base.start_write_back(r)  # not a file: nothing to write, no error
+    fsio.start_write_back(r)  # not a file: nothing to write, no error
     os.close(r)
     os.close(w_fd)
     with pytest.raises(OSError):
-        base.start_write_back(r)
+        fsio.start_write_back(r)
 
     monkeypatch.setattr(base, "WRITE_BACK_BYTES", batches[0].bytes() + 1)
     path = out_path(tmp_path, backend)
@@ -305,7 +305,7 @@ def test_lane_major_copies_time_major_buffers_exactly(shape, dtype):
     time-major buffers, whichever library copies them: whole (``lane_major``), a
     chunk's lanes at a time (HDF5: ``contiguous``) or into a file's map (memmap:
     ``copy_into``)."""
-    from collect_cli.writers.base import contiguous, copy_into, lane_major
+    from collect_cli.writers.arrays import contiguous, copy_into, lane_major
 
     g = torch.Generator().manual_seed(0)
     buffer = (torch.rand(shape, generator=g) * 200).to(dtype)  # [time, lanes, ...]
@@ -326,7 +326,7 @@ def test_lane_major_copies_time_major_buffers_exactly(shape, dtype):
 
 
 def test_contiguous_copies_text_with_numpy():
-    from collect_cli.writers.base import contiguous
+    from collect_cli.writers.arrays import contiguous
 
     text = np.array([[b"ab", b"c"], [b"", b"def"]] * 8192, "S3").T  # 96 KiB, not contiguous
     got = contiguous(text)
@@ -335,7 +335,7 @@ def test_contiguous_copies_text_with_numpy():
 
 
 def test_leaf_items_give_every_leaf_lane_major_and_the_tracked_ones_contiguous():
-    from collect_cli.writers.base import leaf_items
+    from collect_cli.writers.arrays import leaf_items
     from collect_cli.writers.episodes import TRACKED_KEYS
 
     with SyncCollector(
