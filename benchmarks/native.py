@@ -42,10 +42,10 @@ import torch
 
 from collect_cli import config
 from collect_cli.collectors import SyncCollector
+from collect_cli.dataset import open_dataset
 from collect_cli.envs import env_factory
 from collect_cli.policies import PolicyFactory
 from collect_cli.run import run
-from collect_cli.writers import open_dataset
 
 sys.path.insert(0, str(Path(__file__).parent))
 import contenders

@@ -64,7 +64,7 @@ def collect(size: int, frames: int, num_envs: int) -> list:
 
 def writer_only(batches: list, compression: str, out: Path) -> tuple[float, float]:
     """CPU and wall seconds of the HDF5 writer alone: open, append + commit, close."""
-    from collect_cli.writers import make_writer
+    from collect_cli.dataset import make_writer
 
     cpu, wall = time.process_time(), time.perf_counter()
     writer = make_writer(

@@ -287,9 +287,9 @@ def _guarded(fn, debug: bool) -> int:
 
 def _info_dict(path: Path) -> dict[str, Any]:
     from collect_cli import dataformat as fmt
-    from collect_cli import provenance
     from collect_cli.dataformat import return_stats
-    from collect_cli.writers import open_dataset
+    from collect_cli.dataset import open_dataset
+    from collect_cli.policies import provenance
 
     ds = open_dataset(path)
     meta = ds.meta
@@ -348,8 +348,8 @@ def validate(
     """Check a dataset's integrity; exit 0 only if it is sound, 1 with what is wrong."""
 
     def check() -> int:
-        from collect_cli.validate import check as check_dataset
-        from collect_cli.writers import locate
+        from collect_cli.dataset import locate
+        from collect_cli.ops.validate import check as check_dataset
 
         locate(path)  # nothing there, or no file or folder (a FIFO, a loop): exit 2
         problems, notes = check_dataset(path)
@@ -407,7 +407,7 @@ def export(
     ] = None,
 ) -> None:
     def convert() -> int:
-        from collect_cli.writers.export import export as export_dataset
+        from collect_cli.ops.export import export as export_dataset
 
         logging.basicConfig(format="rlcollect: %(levelname)s: %(message)s", stream=sys.stderr)
         result = export_dataset(
@@ -459,7 +459,7 @@ def merge(
     """
 
     def go() -> int:
-        from collect_cli.writers.merge import merge as merge_shards
+        from collect_cli.ops.merge import merge as merge_shards
 
         result = merge_shards(
             shards, out, copy=copy, allow_incomplete=allow_incomplete, overwrite=overwrite
@@ -483,7 +483,7 @@ Exit codes: 0 done, 1 unreadable dataset, 2 bad usage or missing dataset.
 
 
 def _datasets_stats(paths: list[Path]) -> list[Any]:
-    from collect_cli.report import dataset_stats
+    from collect_cli.report.stats import dataset_stats
 
     return [dataset_stats(p) for p in paths]
 
@@ -510,8 +510,8 @@ def report(
             stats = _datasets_stats(paths)
             print(json.dumps([s.as_dict() for s in stats], indent=2))
             return EXIT_OK
-        from collect_cli import report_html
-        from collect_cli.writers.ownership import claim
+        from collect_cli.dataset.ownership import claim
+        from collect_cli.report import html as report_html
 
         dest = out or Path("report.html" if fmt == "html" else "report")
         with claim(dest, "rlcollect report"):
@@ -547,14 +547,14 @@ def card(
     """Write a Markdown dataset card (Hugging Face front matter, summary, schema, loading code)."""
 
     def go() -> int:
-        from collect_cli.card import is_card, render_card
-        from collect_cli.report import dataset_stats
-        from collect_cli.writers.ownership import check_destination, claim
+        from collect_cli.dataset.ownership import check_destination, claim
+        from collect_cli.report.card import is_card, render_card
+        from collect_cli.report.stats import dataset_stats
 
         if out is None:
             print(render_card(path, dataset_stats(path), Path.cwd(), license_id), end="")
             return EXIT_OK
-        from collect_cli.report_html import write_atomic
+        from collect_cli.report.html import write_atomic
 
         with claim(out, "rlcollect card"):
             replaces = check_destination(

@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from collect_cli import __version__, provenance, specs
+from collect_cli import __version__, specs
 from collect_cli.config import Settings
 from collect_cli.errors import ConfigError, DeviceError, OutputError
+from collect_cli.policies import provenance
 from collect_cli.rollout import RolloutOptions
 from collect_cli.stream import DEPTH, WriteBehind, WriterSpec, pump
 from collect_cli.threads import intra_op_threads
@@ -211,7 +212,7 @@ def _writer_options(settings: Settings) -> dict[str, Any]:
 
 def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
     """Collect ``settings.total_frames`` frames into the dataset at ``settings.out``."""
-    from collect_cli.writers.ownership import claim
+    from collect_cli.dataset.ownership import claim
 
     device = resolve_device(settings.device)
     storing_device = resolve_device(settings.storing_device, "storing_device")
@@ -220,7 +221,7 @@ def run(settings: Settings, progress: ProgressFn | None = None) -> RunResult:
 
 
 def _run_claimed(settings: Settings, device, storing_device, progress) -> RunResult:
-    from collect_cli.writers import backend, check_output
+    from collect_cli.dataset import backend, check_output
 
     if settings.resume and (settings.out.exists() or settings.out.is_symlink()):
         return _resume(settings, device, storing_device, progress)
@@ -271,8 +272,8 @@ def _run_claimed(settings: Settings, device, storing_device, progress) -> RunRes
 def _resume(settings: Settings, device, storing_device, progress: ProgressFn | None) -> RunResult:
     """Continue the dataset at ``settings.out`` up to ``total_frames`` (fresh episodes)."""
     from collect_cli.collectors import derive_seeds
-    from collect_cli.validate import validate
-    from collect_cli.writers import open_dataset
+    from collect_cli.dataset import open_dataset
+    from collect_cli.ops.validate import validate
 
     meta = open_dataset(settings.out).meta
     done = int(meta.get("frames", 0))

@@ -44,7 +44,7 @@ class WriterSpec:
     resume: bool = False
 
     def open(self):
-        from collect_cli.writers import make_writer
+        from collect_cli.dataset import make_writer
 
         writer = make_writer(self.backend, self.path, **self.options)
         return writer.reopen() if self.resume else writer.open()

@@ -176,7 +176,7 @@ def _validate_jobs(
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException
 
-    from collect_cli.writers import check_output
+    from collect_cli.dataset import check_output
 
     config.register()
     outs = []

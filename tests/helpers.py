@@ -16,8 +16,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from collect_cli.validate import validate
-from collect_cli.writers import open_dataset
+from collect_cli.dataset import open_dataset
+from collect_cli.ops.validate import validate
 
 
 def assert_consistent(path: Path | str) -> dict:
@@ -75,8 +75,8 @@ def write_preempted(
     added to the env's id and spaces."""
     from collect_cli import specs
     from collect_cli.collectors import MultiSyncCollector
+    from collect_cli.dataset import make_writer
     from collect_cli.envs import env_factory
-    from collect_cli.writers import make_writer
 
     fast = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.0, "length": length})
     slow = env_factory("toyenvs:Slow-v0", 1, kwargs={"delay": 0.01, "length": length})

@@ -12,7 +12,8 @@ from collect_cli import dataformat as fmt
 
 PACKAGE = Path(__file__).parent.parent / "collect_cli"
 
-# lowest first: a module imports from its own layer or the ones before it
+# lowest first: a module imports from its own layer or the ones before it; a
+# folder (a package) is one layer with everything in it
 LAYERS = [
     (
         "base",
@@ -27,42 +28,19 @@ LAYERS = [
         },
     ),
     ("config", {"collect_cli.config", "collect_cli.config_checks"}),
-    ("envs", {"collect_cli.envs", "collect_cli.exploration"}),
-    ("policies", {"collect_cli.policies", "collect_cli.policies_sb3", "collect_cli.provenance"}),
+    ("envs", {"collect_cli.envs"}),
+    ("policies", {"collect_cli.policies"}),
     ("collectors", {"collect_cli.collectors"}),
-    (
-        "storage",  # the format on disk: one writer and one reader per backend
-        {
-            "collect_cli.writers",
-            "collect_cli.writers.base",
-            "collect_cli.writers.episodes",
-            "collect_cli.writers.hdf5",
-            "collect_cli.writers.hdf5_file",
-            "collect_cli.writers.memmap",
-            "collect_cli.writers.ownership",
-            "collect_cli.writers.fsio",
-            "collect_cli.writers.arrays",
-            "collect_cli.writers.memmap_json",
-        },
-    ),
-    (
-        "tools",
-        {
-            "collect_cli.validate",
-            "collect_cli.validate_episodes",
-            "collect_cli.validate_meta",
-            "collect_cli.writers.export",
-            "collect_cli.writers.merge",
-        },
-    ),
-    ("report", {"collect_cli.report", "collect_cli.report_html", "collect_cli.card"}),
+    ("dataset", {"collect_cli.dataset"}),  # the format on disk: a writer and a reader per backend
+    ("ops", {"collect_cli.ops"}),  # whole-dataset operations above the format
+    ("report", {"collect_cli.report"}),
     ("stream", {"collect_cli.stream", "collect_cli.writer_process"}),
     ("run", {"collect_cli.run", "collect_cli.progress", "collect_cli.sweep"}),
     ("cli", {"collect_cli.cli", "collect_cli.__main__"}),
 ]
-PACKAGES = {"collect_cli.envs", "collect_cli.collectors"}  # every submodule in the layer
+FOLDERS = {p.name for p in (Path(__file__).parent.parent / "collect_cli").iterdir() if p.is_dir()}
 # neither knows of the other: batches are the only thing they share
-APART = [("collectors", "storage"), ("collectors", "tools"), ("storage", "collectors")]
+APART = [("collectors", "dataset"), ("collectors", "ops"), ("dataset", "collectors")]
 
 
 def module_name(path: Path) -> str:
@@ -75,11 +53,8 @@ def imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "collect_cli":  # from collect_cli import dataformat
-                found |= {f"collect_cli.{a.name}" for a in node.names}
-                found.add("collect_cli")
-            elif node.module.startswith("collect_cli."):
-                found.add(node.module)
+            if node.module.split(".")[0] == "collect_cli":  # the names may be modules too
+                found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("collect_cli")}
     return found
@@ -90,8 +65,10 @@ GRAPH = {name: imports(path) & set(MODULES) - {name} for name, path in MODULES.i
 
 
 def layer_of(name: str) -> int:
+    parts = name.split(".")
+    folder = ".".join(parts[:2]) if len(parts) > 1 and parts[1] in FOLDERS else None
     for index, (_, members) in enumerate(LAYERS):
-        if name in members or any(name.startswith(p + ".") for p in PACKAGES & members):
+        if name in members or folder in members:
             return index
     raise AssertionError(f"{name} has no layer: add it to LAYERS in {__file__}")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tensordict import PersistentTensorDict, TensorDict
 
-from collect_cli.writers import open_dataset
+from collect_cli.dataset import open_dataset
 from tests.conftest import out_path
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from collect_cli import writer_process
-from collect_cli.validate import check
-from collect_cli.writers import open_dataset
+from collect_cli.dataset import open_dataset
+from collect_cli.ops.validate import check
 from tests.conftest import HERE, out_path
 from tests.helpers import (
     assert_consistent,

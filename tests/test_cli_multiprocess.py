@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from collect_cli.writers import open_dataset
+from collect_cli.dataset import open_dataset
 from tests.conftest import out_path
 from tests.helpers import (
     assert_consistent,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collect_cli.writers import open_dataset
+from collect_cli.dataset import open_dataset
 from tests.conftest import out_path
 from tests.helpers import assert_consistent, assert_split_on_done, start_run, wait_for_frames
 

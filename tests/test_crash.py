@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from collect_cli.dataset import open_dataset
 from collect_cli.errors import EXIT_RUNTIME
-from collect_cli.writers import open_dataset
 from tests.conftest import out_path
 from tests.helpers import (
     SUPPORT,
@@ -140,7 +140,7 @@ def test_kill_at_each_write_of_hdf5_commits_leaves_a_sound_file(tmp_path):
     """Fault injection: the run is killed just before its K-th ``pwrite64``, for K
     over several commits of a running dataset, in steps coprime with a commit's
     writes so that every phase of a commit is hit."""
-    from collect_cli.validate import validate
+    from collect_cli.ops.validate import validate
 
     args = ["env=Pendulum", "total_frames=-1", "frames_per_batch=200", "writer=hdf5"]
     args.append("writer.commit_interval=0")  # a commit per batch: the phases below
@@ -158,8 +158,8 @@ def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
     datasets, made by the first batch) and closing it (status, end time). A kill
     before the first commit leaves no file at ``out``; after it, a sound file
     whose status says whether closing finished."""
-    from collect_cli.validate import validate
-    from collect_cli.writers.hdf5 import read_meta
+    from collect_cli.dataset.hdf5 import read_meta
+    from collect_cli.ops.validate import validate
 
     args = ["env=Pendulum", "total_frames=600", "frames_per_batch=200", "writer=hdf5"]
     args += ["progress=none", "writer.commit_interval=0"]
@@ -189,8 +189,8 @@ def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
 def test_kill_at_writes_of_a_split_trajs_hdf5_run_leaves_a_sound_file(tmp_path):
     """split_trajs: rows are whole episodes, so the datasets are made when the first
     episodes end and grow by rows at later commits (their per-row counters too)."""
-    from collect_cli.validate import validate
-    from collect_cli.writers.hdf5 import read_meta
+    from collect_cli.dataset.hdf5 import read_meta
+    from collect_cli.ops.validate import validate
 
     args = ["env=Pendulum", "total_frames=3200", "frames_per_batch=200", "split_trajs=true"]
     args += ["writer=hdf5", "progress=none", "writer.commit_interval=0"]

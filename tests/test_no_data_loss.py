@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import pytest
 
-from collect_cli.writers import open_dataset
+from collect_cli.dataset import open_dataset
 from tests.conftest import out_path
 from tests.helpers import assert_consistent, start_run
 

@@ -16,10 +16,10 @@ from tensordict import NonTensorData, TensorDict
 
 from collect_cli import config, stream, writer_process
 from collect_cli.collectors import SyncCollector
+from collect_cli.dataset import open_dataset
 from collect_cli.envs import env_factory
 from collect_cli.stream import Joiner, Stream, WriteBehind, WriterSpec, joins, pump
 from collect_cli.threads import SERIAL_ELEMENTS
-from collect_cli.writers import open_dataset
 from tests.conftest import out_path
 from tests.helpers import CAN_PIN, assert_consistent, on_two_cpus
 
@@ -301,8 +301,8 @@ def test_a_writer_error_reaches_the_run_loop(tmp_path, kind, monkeypatch):
     (its class and message: they make the exit code and the one-line error) from
     reserve()/submit()/finish(), and abort() keeps what was committed before, closed
     as interrupted."""
+    from collect_cli.dataset.hdf5.write import Hdf5Writer
     from collect_cli.errors import WriteError
-    from collect_cli.writers.hdf5 import Hdf5Writer
 
     append = Hdf5Writer.append
 

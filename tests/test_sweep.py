@@ -14,7 +14,7 @@ from tensordict import PersistentTensorDict, TensorDict
 from typer.testing import CliRunner
 
 from collect_cli.cli import app
-from collect_cli.writers import open_dataset
+from collect_cli.dataset import open_dataset
 from tests.conftest import Result, out_path
 from tests.helpers import assert_consistent
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collect_cli.writers import open_dataset
+from collect_cli.dataset import open_dataset
 from tests.conftest import Result
 from tests.helpers import SUPPORT, assert_consistent, kill_group, processes_mentioning
 

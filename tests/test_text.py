@@ -9,7 +9,7 @@ import pytest
 from tensordict import TensorDict
 
 from collect_cli import specs
-from collect_cli.writers import open_dataset
+from collect_cli.dataset import open_dataset
 from tests.conftest import out_path
 
 TOY = ("env=gym", "env.id=toyenvs:Text-v0", "env.num_envs=2", "frames_per_batch=8")

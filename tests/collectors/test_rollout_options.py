@@ -259,7 +259,7 @@ def test_probabilistic_policy_mode_and_log_prob():
         )
     # identical observations give identical actions under mode, whatever the lane
     policy = PolicyFactory(cfg, "cpu", 0)(None, None)
-    from collect_cli.exploration import interaction
+    from collect_cli.policies.exploration import interaction
 
     obs = torch.randn(1, 3).expand(5, 3)
     with interaction("mode"), torch.no_grad():

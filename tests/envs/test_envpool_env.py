@@ -207,7 +207,7 @@ def test_cli_run_on_both_writers(cli, tmp_path, backend):
     meta = assert_consistent(out)
     assert meta["frames"] == res.summary["frames"] == 2000
     assert meta["env_backend"] == "envpool" and meta["env_id"] == "CartPole-v1"
-    from collect_cli.writers import open_dataset
+    from collect_cli.dataset import open_dataset
 
     ep = open_dataset(out).episodes()
     complete = ep["complete"]
@@ -254,7 +254,7 @@ def test_atari_kwargs_reach_envpool(cli, tmp_path):
     assert res.code == 0, res.stderr
     meta = assert_consistent(tmp_path / "p.h5")
     assert meta["observation_space"]["shape"] == [1, 42, 42]
-    from collect_cli.writers import open_dataset
+    from collect_cli.dataset import open_dataset
 
     obs = open_dataset(tmp_path / "p.h5").array("next/observation")
     assert obs.shape == (2, 8, 1, 42, 42) and obs.dtype == np.uint8

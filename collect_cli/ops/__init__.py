@@ -1,0 +1,1 @@
+"""Operations on whole datasets, above the format: validate, export, merge."""

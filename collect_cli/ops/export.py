@@ -1,0 +1,499 @@
+"""Export a dataset to the flat D4RL HDF5 layout or to a Minari dataset.
+
+Both formats export the same frames in the same order: every valid, committed
+frame (``collector/mask`` True, within its lane's committed steps), lane by
+lane, in time order, so each episode is contiguous. Padding is never exported,
+including the padding a preempted worker leaves inside an episode's time span.
+
+An episode cut by the end of the run (``complete`` False), or left running by a
+killed run (no ``episodes/`` row yet), is exported with ``timeouts`` (Minari:
+``truncations``) True at its last step, and counted in the metadata; with
+``drop_incomplete`` it is left out. Outputs are built in a hidden sibling of
+``out`` and renamed into place, so ``out`` is either absent, the old file, or
+the whole new export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from collect_cli import __version__, specs
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import COLUMNS
+from collect_cli.dataset import Dataset, open_dataset
+from collect_cli.dataset.fsio import need_space, publish, reserve
+from collect_cli.dataset.ownership import (
+    check_destination,
+    claim,
+    is_d4rl_export,
+    remove_leftovers,
+    remove_output,
+    staging_name,
+)
+from collect_cli.errors import DatasetError, UsageError, WriteError
+from collect_cli.policies import provenance
+
+log = logging.getLogger("rlcollect")
+
+FORMATS = ("d4rl", "minari")
+COMPRESSIONS = ("none", "gzip", "lzf")
+MINARI_INSTALL = "pip install 'rlcollect[export]'"
+BLOCK_BYTES = 64 << 20  # frames read per block, over all keys
+CHUNK_BYTES = 512 << 10  # D4RL output chunks
+# flags D4RL/Minari carry as terminals/timeouts (from the plan), and the mask
+SKIPPED = {*fmt.FLAGS, *(fmt.path((fmt.NEXT, flag)) for flag in fmt.FLAGS), fmt.MASK}
+TRAJ, REWARD = fmt.TRAJ, fmt.path(fmt.REWARD_KEY)
+TERMINATED, TRUNCATED = fmt.path(fmt.TERMINATED_KEY), fmt.path(fmt.TRUNCATED_KEY)
+INCOMPLETE_END = {"d4rl": "timeout", "minari": "truncation"}
+NAME_RE = re.compile(r"[-_\w]+-v\d+")
+NAMESPACE_RE = re.compile(r"[-_\w]+")
+
+
+@dataclass
+class ExportResult:
+    path: str
+    format: str
+    source: str
+    source_status: str
+    episodes: int
+    frames: int
+    incomplete_episodes: int
+    incomplete: str  # "dropped", or how exported ones end: INCOMPLETE_END
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "extra"}
+        return {**out, **self.extra}
+
+
+def export(
+    source: str | os.PathLike,
+    fmt: str,
+    out: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    drop_incomplete: bool = False,
+    compression: str = "none",
+    dataset_id: str | None = None,
+) -> ExportResult:
+    """Export the dataset at ``source`` as ``fmt`` (``d4rl`` | ``minari``) to ``out``."""
+    from collect_cli.ops.validate import validate
+
+    source, out = Path(source), Path(out)
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown export format {fmt!r}: choose from {', '.join(FORMATS)}")
+    if compression not in COMPRESSIONS:
+        raise UsageError(f"unknown compression {compression!r}: choose from none, gzip, lzf")
+    if fmt == "minari":
+        if compression != "none":
+            raise UsageError("--compression applies to --format d4rl only")
+        _require_minari()
+        dataset_id, root = minari_location(out, dataset_id)
+    elif dataset_id is not None:
+        raise UsageError("--dataset-id applies to --format minari only")
+    ds = open_dataset(source)
+    postproc = ds.meta.get("postproc") or {}
+    if postproc.get("name", "none") != "none":
+        raise UsageError(
+            f"{str(source)!r} holds {postproc['name']} transitions (postproc="
+            f"{postproc['name']}); {fmt} holds 1-step transitions: export a dataset "
+            "collected with postproc=none"
+        )
+    with claim(out, "rlcollect export"):  # durability D17
+        replaces = _check_out(source, out, fmt, overwrite)
+        problems = validate(source)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise DatasetError(
+                f"{str(source)!r} fails validation: {problems[0]}{more}; "
+                f"`rlcollect validate {source}` lists what is wrong"
+            )
+        remove_leftovers(out)
+        src = Source(ds)
+        tmp = staging_name(out, "tmp")
+        try:
+            plan = Plan.build(src, drop_incomplete)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if fmt == "d4rl":
+                _write_d4rl(src, plan, tmp, compression)
+                extra: dict[str, Any] = {}
+            else:
+                _write_minari(src, plan, tmp, dataset_id)
+                extra = {"dataset_id": dataset_id, "minari_datasets_path": str(root)}
+            publish(tmp, out, replaces)
+        except OSError as exc:
+            raise WriteError(
+                f"exporting to {str(out)!r} failed: {exc.strerror or exc}; nothing was written"
+            ) from None
+        finally:
+            src.close()
+            with contextlib.suppress(OSError):
+                remove_output(tmp)
+    return ExportResult(
+        path=str(out),
+        format=fmt,
+        source=str(source),
+        source_status=str(ds.meta.get("status")),
+        episodes=len(plan.starts),
+        frames=len(plan.ids),
+        incomplete_episodes=plan.incomplete,
+        incomplete="dropped" if drop_incomplete else INCOMPLETE_END[fmt],
+        extra=extra,
+    )
+
+
+def _require_minari() -> None:
+    try:
+        importlib.import_module("minari")
+        importlib.import_module("PIL")  # Minari's HDF5 storage imports Pillow
+    except ImportError as exc:
+        raise UsageError(
+            f"--format minari needs Minari and Pillow ({exc}): {MINARI_INSTALL}"
+        ) from None
+
+
+def minari_location(out: Path, dataset_id: str | None) -> tuple[str, Path]:
+    """The Minari dataset id for a dataset at ``out``, and the ``MINARI_DATASETS_PATH``
+    under which ``minari.load_dataset(id)`` finds it (``out`` = that root / the id)."""
+    full = out.absolute()
+    parts = dataset_id.strip("/").split("/") if dataset_id else [full.parent.name, full.name]
+    ident = "/".join(parts)
+    if not NAME_RE.fullmatch(parts[-1]) or not all(NAMESPACE_RE.fullmatch(p) for p in parts[:-1]):
+        raise UsageError(
+            f"{ident!r} is not a Minari dataset id (namespace/name-vN): name --out like "
+            "minari/rlcollect/cartpole-v0, or pass --dataset-id"
+        )
+    if list(full.parts[-len(parts) :]) != parts:
+        raise UsageError(
+            f"--out {str(out)!r} must end with the dataset id {ident!r}, the layout "
+            "minari.load_dataset expects under MINARI_DATASETS_PATH"
+        )
+    return ident, full.parents[len(parts) - 1]
+
+
+def _check_out(source: Path, out: Path, fmt: str, overwrite: bool):
+    """durability D18: what ``--out`` may replace (an export of the same format)."""
+    if fmt == "d4rl":
+        return check_destination(
+            out,
+            overwrite=overwrite,
+            inputs=[source],
+            kind="a D4RL file rlcollect exported",
+            replaceable=is_d4rl_export,
+        )
+
+    def minari_dir(path: Path) -> bool:
+        meta = path / "data" / "metadata.json"
+        return path.is_dir() and (meta.is_file() or not any(path.iterdir()))
+
+    return check_destination(
+        out, overwrite=overwrite, inputs=[source], kind="a Minari dataset", replaceable=minari_dir
+    )
+
+
+class Source:
+    """Read access to a dataset's frame arrays, by lane and time range."""
+
+    def __init__(self, ds: Dataset):
+        meta = ds.meta
+        self.ds = ds
+        self.meta = meta
+        self.lanes, self.steps = int(meta.get("lanes") or 0), int(meta.get("steps") or 0)
+        self.lane_steps = fmt.lane_steps(meta) if self.lanes else np.zeros(0, np.int64)
+        self.keys = [k for k, _, _ in ds.describe() if not fmt.is_episodes(k)]
+        self.text = {fmt.path(key) for key in fmt.text_keys(meta)}  # read as byte strings
+        if fmt.MASK not in self.keys or not meta.get("frames"):
+            raise DatasetError(f"{str(ds.path)!r} holds no committed frames: nothing to export")
+        self._reading = contextlib.ExitStack()
+        self._read = self._reading.enter_context(ds.reader(by_lane=True))
+
+    def read(self, key: str, lanes: Any, start: int, stop: int) -> np.ndarray:
+        array = np.asarray(self._read(key)[lanes, start:stop])
+        return fmt.fixed_bytes(array) if key in self.text else array
+
+    def whole(self, key: str) -> np.ndarray:
+        """``[lanes, steps]`` of a per-frame scalar key (trailing ``1`` dropped)."""
+        return self.read(key, slice(None), 0, self.steps).reshape(self.lanes, self.steps)
+
+    def episode_rows(self) -> dict[str, np.ndarray]:
+        count = int(self.meta.get("episodes", 0))
+        return {name: self.ds.array(fmt.column(name))[:count] for name in COLUMNS}
+
+    def close(self) -> None:
+        self._reading.close()
+
+
+@dataclass
+class Plan:
+    """Which frames are exported, in which order, and where episodes start and end."""
+
+    keep: np.ndarray  # [lanes, steps] bool
+    ids: np.ndarray  # traj id per exported frame
+    starts: np.ndarray  # first exported frame of each episode
+    lengths: np.ndarray
+    complete: np.ndarray  # per episode: ended by the env (not cut)
+    terminals: np.ndarray  # next/terminated per exported frame
+    timeouts: np.ndarray  # truncated, or the last step of an incomplete episode
+    incomplete: int  # incomplete episodes in the source
+    dropped: bool  # ...left out (else exported, ending with a timeout)
+
+    @classmethod
+    def build(cls, src: Source, drop_incomplete: bool) -> Plan:
+        traj = src.whole(TRAJ)
+        committed = np.arange(src.steps)[None, :] < src.lane_steps[:, None]
+        valid = src.whole(fmt.MASK) & committed
+        rows = src.episode_rows()
+        complete_ids = rows["traj_id"][rows["complete"]]
+        ended = valid & np.isin(traj, complete_ids)
+        incomplete = len(np.unique(traj[valid & ~ended]))
+        keep = ended if drop_incomplete else valid
+        ids = traj[keep]
+        if not len(ids):
+            raise DatasetError("nothing to export: every episode is incomplete and was dropped")
+        first = np.ones(len(ids), bool)
+        first[1:] = ids[1:] != ids[:-1]
+        starts = np.flatnonzero(first)
+        lengths = np.diff(np.append(starts, len(ids)))
+        timeouts = src.whole(TRUNCATED)[keep]
+        complete = np.isin(ids[starts], complete_ids)
+        timeouts[(starts + lengths - 1)[~complete]] = True
+        terminals = src.whole(TERMINATED)[keep]
+        return cls(
+            keep, ids, starts, lengths, complete, terminals, timeouts, incomplete, drop_incomplete
+        )
+
+
+def _blocks(src: Source, keys: list[str], keep: np.ndarray) -> Iterator[dict[str, np.ndarray]]:
+    """The kept frames of ``keys`` in export order, in blocks of about ``BLOCK_BYTES``."""
+    row_bytes = sum(src.read(k, 0, 0, 1)[0].nbytes for k in keys) or 1
+    window = max(1, BLOCK_BYTES // row_bytes)
+    for lane in range(src.lanes):
+        kept = np.flatnonzero(keep[lane])
+        if not len(kept):
+            continue
+        for start in range(int(kept[0]), int(kept[-1]) + 1, window):
+            stop = min(int(kept[-1]) + 1, start + window)
+            sel = keep[lane, start:stop]
+            if sel.any():
+                yield {k: src.read(k, lane, start, stop)[sel] for k in keys}
+
+
+def d4rl_name(key: str) -> str | None:
+    """Where a dataset key goes in the D4RL layout (None: not exported)."""
+    if key in SKIPPED:
+        return None
+    head, _, rest = key.partition("/")
+    tail = "/" + rest if rest else ""
+    if head == fmt.OBSERVATION:
+        return "observations" + tail
+    if head == fmt.ACTION:
+        return "actions" + tail
+    if head == fmt.NEXT:
+        sub, _, deeper = rest.partition("/")
+        if sub == fmt.OBSERVATION:
+            return "next_observations" + ("/" + deeper if deeper else "")
+        if key == REWARD:
+            return "rewards"
+        return "infos/next/" + rest.removeprefix("info/")
+    if key == TRAJ:
+        return "infos/traj_id"
+    if head == fmt.COLLECTOR:
+        return None
+    return "infos/" + key.removeprefix("info/")
+
+
+def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
+    names = {k: d4rl_name(k) for k in src.keys}
+    keys = [k for k, name in names.items() if name is not None]
+    total = len(plan.ids)
+    with h5py.File(path, "w", locking=False) as f:
+        # durability D9: the space first, so that a full disk fails before HDF5 writes
+        rows = sum(src.read(k, 0, 0, 1)[0].nbytes for k in keys) + 2  # + terminals, timeouts
+        reserve(path, total * rows)
+        outputs = {}
+        for key in keys:
+            first = src.read(key, 0, 0, 1)  # its dtype: a bytes scalar's drops the padding
+            feat = () if names[key] == "rewards" else first.shape[1:]
+            row_bytes = max(1, int(np.prod(feat, dtype=np.int64)) * first.dtype.itemsize)
+            outputs[key] = f.create_dataset(
+                names[key],
+                shape=(total, *feat),
+                dtype=first.dtype,
+                chunks=(max(1, min(total, CHUNK_BYTES // row_bytes)), *feat),
+                compression=None if compression == "none" else compression,
+            )
+        f.create_dataset("terminals", data=plan.terminals)
+        f.create_dataset("timeouts", data=plan.timeouts)
+        offset = 0
+        for block in _blocks(src, keys, plan.keep):
+            count = len(next(iter(block.values())))
+            for key, array in block.items():
+                outputs[key][offset : offset + count] = array.reshape(
+                    count, *outputs[key].shape[1:]
+                )
+            offset += count
+        meta = src.meta
+        group = f.create_group("metadata")
+        values = {
+            "format": "d4rl",
+            "exported_by": f"rlcollect {__version__}",
+            "rlcollect_version": meta.get("rlcollect_version"),
+            "env_id": meta.get("env_id"),
+            "policy": meta.get("policy"),
+            "seed": meta.get("seed"),
+            "config": meta.get("config"),
+            "observation_space": json.dumps(meta.get("observation_space")),
+            "action_space": json.dumps(meta.get("action_space")),
+            "source": str(src.ds.path.absolute()),
+            "source_backend": src.ds.backend,
+            "source_status": meta.get("status"),
+            "episodes": len(plan.starts),
+            "frames": total,
+            "incomplete_episodes": plan.incomplete,
+            "incomplete": "dropped" if plan.dropped else INCOMPLETE_END["d4rl"],
+            "episode_order": "lane, then time",
+        }
+        for name, value in {**values, **provenance.d4rl_metadata(meta)}.items():
+            if value is not None:
+                group.create_dataset(name, data=value)
+        f.flush()
+        used = f.id.get_filesize()  # HDF5's end of allocated space
+    os.truncate(path, used)  # give back what was reserved beyond it
+
+
+def _episodes(blocks: Iterator[dict[str, np.ndarray]], lengths: np.ndarray) -> Iterator[dict]:
+    """Regroup the stream of frame blocks into consecutive episodes of ``lengths``."""
+    pending: list[dict[str, np.ndarray]] = []
+    have = 0
+    todo = iter(lengths.tolist())
+    need = next(todo, None)
+    for block in blocks:
+        pending.append(block)
+        have += len(next(iter(block.values())))
+        while need is not None and have >= need:
+            joined = pending[0]
+            if len(pending) > 1:
+                joined = {k: np.concatenate([p[k] for p in pending]) for k in joined}
+            yield {k: v[:need] for k, v in joined.items()}
+            have -= need
+            pending = [{k: v[need:] for k, v in joined.items()}] if have else []
+            need = next(todo, None)
+
+
+def _env_spec(meta: dict[str, Any]):
+    """The gymnasium EnvSpec of the dataset's env with its config kwargs, or None when
+    this process cannot look it up or serialise it (Minari then records no env spec)."""
+    import gymnasium as gym
+    import yaml
+
+    env_id = str(meta.get("env_id") or "")
+    module, _, name = env_id.rpartition(":")
+    try:
+        if module:
+            importlib.import_module(module)
+        spec = gym.spec(name)
+        entry = spec.entry_point
+        if callable(entry):  # a class: by name, so that the spec serialises
+            entry = f"{entry.__module__}:{entry.__qualname__}"
+        config = yaml.safe_load(meta.get("config") or "") or {}
+        kwargs = dict((config.get("env") or {}).get("kwargs") or {})
+        spec = dataclasses.replace(spec, entry_point=entry, kwargs={**spec.kwargs, **kwargs})
+        spec.to_json()
+    except (gym.error.Error, ImportError, ValueError, TypeError, yaml.YAMLError) as exc:
+        log.warning("no env spec recorded for %r: %s", env_id, exc)
+        return None
+    return spec
+
+
+def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
+    import minari
+    from minari.data_collector import EpisodeBuffer
+    from minari.dataset.minari_storage import MinariStorage
+
+    meta = src.meta
+    obs_space = specs.rebuild(meta["observation_space"])
+    act_space = specs.rebuild(meta["action_space"])
+    obs_keys = [fmt.path((fmt.OBSERVATION, *leaf.key)) for leaf in specs.leaves(obs_space)]
+    next_keys = [fmt.path((fmt.NEXT, key)) for key in obs_keys]
+    act_keys = [fmt.path((fmt.ACTION, *leaf.key)) for leaf in specs.leaves(act_space)]
+    core = {*obs_keys, *next_keys, *act_keys, REWARD, TRAJ}
+    extras = {
+        k: name.removeprefix("infos/")
+        for k in src.keys
+        if k not in core and (name := d4rl_name(k)) is not None
+    }
+    path.mkdir()
+    rows = sum(src.read(k, 0, 0, 1)[0].nbytes for k in [*obs_keys, *act_keys, REWARD, *extras])
+    need_space(path, len(plan.ids) * rows)  # Minari's writer: checked, not reserved
+    storage = MinariStorage.new(
+        (path / "data").absolute(),
+        observation_space=obs_space,
+        action_space=act_space,
+        env_spec=_env_spec(meta),
+        data_format="hdf5",
+        jpeg_encoding=False,  # lossless, like the source
+    )
+    keys = [*obs_keys, *next_keys, *act_keys, REWARD, *extras]
+    buffers, size = [], 0
+    episodes = _episodes(_blocks(src, keys, plan.keep), plan.lengths)
+    for start, length, frames in zip(plan.starts, plan.lengths, episodes, strict=True):
+        last = [frames[k][-1:] for k in next_keys]
+        observations = [np.concatenate([frames[k], x]) for k, x in zip(obs_keys, last, strict=True)]
+        end = start + length
+        buffers.append(
+            EpisodeBuffer(
+                observations=specs.join(observations, obs_space),
+                actions=specs.join([frames[k] for k in act_keys], act_space),
+                rewards=frames[REWARD].reshape(length),
+                terminations=plan.terminals[start:end],
+                truncations=plan.timeouts[start:end],
+                infos={name: frames[k] for k, name in extras.items()} or None,
+            )
+        )
+        size += sum(v.nbytes for v in frames.values())
+        if size >= BLOCK_BYTES:
+            storage.update_episodes(buffers)
+            buffers, size = [], 0
+    if buffers:
+        storage.update_episodes(buffers)
+    storage.update_episode_metadata(
+        {"rlcollect_traj_id": int(i), "rlcollect_complete": bool(c)}
+        for i, c in zip(plan.ids[plan.starts], plan.complete, strict=True)
+    )
+    storage.update_metadata(
+        {
+            "dataset_id": dataset_id,
+            "minari_version": minari.__version__,
+            "algorithm_name": f"rlcollect policy={meta.get('policy')}",
+            "description": (
+                f"Exported by rlcollect {__version__} from {src.ds.path.absolute()} "
+                f"({meta.get('status')}): env {meta.get('env_id')}, seed {meta.get('seed')}."
+            ),
+            "rlcollect": {
+                "source": str(src.ds.path.absolute()),
+                "source_status": meta.get("status"),
+                "rlcollect_version": meta.get("rlcollect_version"),
+                "env_id": meta.get("env_id"),
+                "seed": meta.get("seed"),
+                "config": meta.get("config"),
+                "incomplete_episodes": plan.incomplete,
+                "incomplete": "dropped" if plan.dropped else INCOMPLETE_END["minari"],
+                "episode_order": "lane, then time",
+                provenance.PROVENANCE: meta.get(provenance.PROVENANCE),
+            },
+            **provenance.minari_metadata(meta),
+        }
+    )

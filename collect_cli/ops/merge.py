@@ -1,0 +1,442 @@
+"""Merge shards (the datasets of one sweep, or any compatible datasets) into one.
+
+The merged dataset concatenates the shards' lanes in the order given and pads
+time to the longest shard: padding holds ``collector/mask`` False and
+``collector/traj_ids`` -1, like any padding. Trajectory ids are offset per shard
+(by the ids the shards before it used) so they stay unique, in the frames and
+in ``episodes/traj_id``; ``episodes/lane`` is offset by the lanes before it.
+Frames a shard did not commit (past its ``lane_steps``) are padding too.
+
+HDF5 shards merge by default into virtual datasets (no frame data copied): each
+frame key maps the shards' arrays, whose file names are stored relative to the
+merged file's directory, so a directory holding the shards and the merged file
+can move as a whole. ``collector/traj_ids`` (rewritten) and ``episodes/`` are
+real datasets. ``copy=True`` writes a self-contained file. Memmap shards are
+always copied (a memmap dataset is one file per key).
+
+The merged dataset is written under a temporary name beside ``dest`` and renamed
+into place at the end, so a failure leaves nothing at ``dest``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from collect_cli import __version__
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import COLUMNS, MASK, TRAJ, Rows, concat_rows
+from collect_cli.dataset import BACKENDS, Dataset, open_dataset
+from collect_cli.dataset import backend as backend_module
+from collect_cli.dataset.fsio import publish, reserve
+from collect_cli.dataset.ownership import (
+    check_destination,
+    claim,
+    remove_leftovers,
+    remove_output,
+    staging_name,
+)
+from collect_cli.dataset.writer import now
+from collect_cli.errors import MergeError, WriteError
+from collect_cli.policies import provenance
+
+WINDOW_BYTES = 32 << 20  # copies go through memory in blocks of about this size
+FLAGGED = (fmt.path(fmt.DONE_KEY), fmt.path(fmt.TRUNCATED_KEY))  # set where a kill cut a lane
+SAME = (
+    ("env_id", "env"),
+    ("observation_space", "observation space"),
+    ("action_space", "action space"),
+)
+
+
+@dataclass
+class Shard:
+    path: Path
+    ds: Dataset
+    arrays: dict[str, tuple[tuple[int, ...], str]]  # frame key -> (shape on disk, dtype)
+    lanes: int
+    steps: int
+    lane_steps: np.ndarray  # committed time steps per lane
+    rows: Rows  # its episodes (plus rows for episodes a crash left running)
+    cuts: tuple[np.ndarray, np.ndarray] | None = None  # (lanes, times) a kill cut, unflagged
+    lane_offset: int = 0
+    traj_offset: int = 0
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.ds.meta
+
+    @property
+    def whole(self) -> bool:
+        """Every lane committed up to ``steps``: one block maps the shard."""
+        return bool((self.lane_steps == self.steps).all())
+
+
+def _load(path: Path) -> Shard:
+    ds = open_dataset(path)  # OutputError (exit 2) for a missing or unreadable path
+    meta = ds.meta
+    lacking = [key for key in fmt.REQUIRED_META if key not in meta]
+    if lacking:
+        raise MergeError(f"{str(path)!r} is not an rlcollect dataset: no {lacking[0]!r} metadata")
+    arrays = {k: (tuple(s), d) for k, s, d in ds.describe() if not fmt.is_episodes(k)}
+    if not meta["frames"] or TRAJ not in arrays or MASK not in arrays:
+        raise MergeError(f"shard {str(path)!r} holds no committed frames: leave it out")
+    lanes, steps = int(meta["lanes"]), int(meta["steps"])
+    count = int(meta["episodes"])
+    rows = {name: np.asarray(column[:count]) for name, column in ds.episodes().items()}
+    shard = Shard(path, ds, arrays, lanes, steps, fmt.lane_steps(meta), rows)
+    if meta["status"] == fmt.RUNNING:  # killed: its running episodes have no row yet
+        with ds.reader() as read:
+            traj, mask = np.asarray(read(TRAJ)), np.asarray(read(MASK))
+
+            def get(key: fmt.Key) -> np.ndarray | None:
+                return np.asarray(read(fmt.path(key))) if fmt.path(key) in arrays else None
+
+            reward, _ = fmt.own_step(get, traj.shape)
+        tails = fmt.tail_rows(traj, mask, reward, shard.lane_steps, set(rows["traj_id"].tolist()))
+        shard.rows = concat_rows([rows, tails])
+        shard.cuts = fmt.cut_points(tails, mask, shard.lane_steps)
+    return shard
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check(shards: list[Shard], allow_incomplete: bool) -> None:
+    """Raise :class:`MergeError` naming the first difference that forbids a merge."""
+    first = shards[0]
+    p0 = str(first.path)
+    for shard in shards:
+        p = str(shard.path)
+        status = shard.meta["status"]
+        if status != "complete" and not allow_incomplete:
+            raise MergeError(
+                f"shard {p!r} is not complete (status {status}): pass --allow-incomplete "
+                "to merge the frames it committed, or leave it out"
+            )
+        if shard.ds.backend != first.ds.backend:
+            raise MergeError(
+                f"shards differ in backend: {p0!r} is {first.ds.backend}, {p!r} is "
+                f"{shard.ds.backend}: merge shards of one writer"
+            )
+        for key, what in SAME:
+            if shard.meta.get(key) != first.meta.get(key):
+                raise MergeError(
+                    f"shards differ in {what}: {p0!r} has {_short(first.meta.get(key))}, "
+                    f"{p!r} has {_short(shard.meta.get(key))}"
+                )
+        for key, default in fmt.MEANING.items():  # n-step frames, rows, resets
+            ours, theirs = first.meta.get(key, default), shard.meta.get(key, default)
+            if ours != theirs:
+                raise MergeError(
+                    f"shards differ in {key}: {p0!r} has {_short(ours)}, {p!r} has "
+                    f"{_short(theirs)}: their frames mean different things"
+                )
+        for a, b in ((first, shard), (shard, first)):
+            extra = sorted(set(a.arrays) - set(b.arrays))
+            if extra:
+                raise MergeError(
+                    f"shards differ in keys: {str(a.path)!r} has {extra[0]!r}, "
+                    f"{str(b.path)!r} has not"
+                )
+        for key, (shape, dtype) in shard.arrays.items():
+            ref_shape, ref_dtype = first.arrays[key]
+            if dtype != ref_dtype:
+                raise MergeError(
+                    f"shards differ in the dtype of {key!r}: {ref_dtype} in {p0!r}, "
+                    f"{dtype} in {p!r}"
+                )
+            if shape[2:] != ref_shape[2:]:
+                raise MergeError(
+                    f"shards differ in the shape of {key!r}: {list(ref_shape[2:])} per frame "
+                    f"in {p0!r}, {list(shape[2:])} in {p!r}"
+                )
+
+
+def _place(shards: list[Shard]) -> None:
+    lanes = traj = 0
+    for shard in shards:
+        shard.lane_offset, shard.traj_offset = lanes, traj
+        lanes += shard.lanes
+        ids = shard.rows["traj_id"]
+        traj += int(ids.max()) + 1 if len(ids) else 0
+
+
+def _rows(shards: list[Shard]) -> Rows:
+    parts = []
+    for shard in shards:
+        rows = dict(shard.rows)
+        rows["traj_id"] = rows["traj_id"] + shard.traj_offset
+        rows["lane"] = rows["lane"] + shard.lane_offset
+        parts.append(rows)
+    return {k: np.ascontiguousarray(v, COLUMNS[k]) for k, v in concat_rows(parts).items()}
+
+
+def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dict[str, Any]:
+    first = shards[0].meta
+
+    def joined(key: str) -> Any:
+        values = list(dict.fromkeys(str(s.meta.get(key)) for s in shards))
+        return values[0] if len(values) == 1 else "+".join(values)
+
+    sweeps = {json.dumps(s.meta.get("sweep", {}).get("id")) for s in shards}
+    meta: dict[str, Any] = {
+        # the oldest shard's rules hold for the whole (version 1: cuts unflagged)
+        "format_version": min(int(s.meta["format_version"]) for s in shards),
+        "backend": shards[0].ds.backend,
+        "status": "complete"
+        if all(s.meta["status"] == "complete" for s in shards)
+        else "interrupted",
+        "rlcollect_version": __version__,
+        "versions": first.get("versions"),
+        "env_id": first["env_id"],
+        "env_preset": first.get("env_preset"),
+        "env_backend": first.get("env_backend"),
+        "observation_space": first.get("observation_space"),
+        "action_space": first.get("action_space"),
+        "policy": joined("policy"),
+        "collector": joined("collector"),
+        "config": first.get("config", ""),  # the first shard's; each shard's seed is in shards
+        "start_time": min(str(s.meta.get("start_time") or "") for s in shards) or None,
+        "end_time": max(str(s.meta.get("end_time") or "") for s in shards) or None,
+        "frames": sum(int(s.meta["frames"]) for s in shards),
+        "steps": max(s.steps for s in shards),
+        "episodes": len(rows["traj_id"]),
+        "lanes": sum(s.lanes for s in shards),
+        fmt.LANE_STEPS: [int(n) for s in shards for n in s.lane_steps],
+        "merged": {"time": now(), "mode": "virtual" if virtual else "copy"},
+        # a virtual merge reads the shards' chunks: their codec's plugin is needed too
+        fmt.CODEC: next((s.meta[fmt.CODEC] for s in shards if virtual and _plugin(s)), None),
+        "shards": [_shard_entry(s, dest) for s in shards],
+        **provenance.merged([s.meta for s in shards]),
+    }
+    for key in fmt.STREAM_KEYS:  # kept where every shard says the same
+        values = [json.dumps(s.meta.get(key), sort_keys=True) for s in shards]
+        if key in first and len(set(values)) == 1:
+            meta[key] = first[key]
+    if len(sweeps) == 1 and "sweep" in first:
+        sweep = first["sweep"]
+        meta["sweep"] = {"id": sweep.get("id"), "overrides": sweep.get("overrides")}
+    return meta
+
+
+def _plugin(shard: Shard) -> bool:
+    return bool((shard.meta.get(fmt.CODEC) or {}).get("plugin"))
+
+
+def _shard_entry(shard: Shard, dest: Path) -> dict[str, Any]:
+    sweep = shard.meta.get("sweep") or {}
+    return {
+        "path": os.path.relpath(shard.path.resolve(), dest.resolve().parent),
+        "seed": shard.meta.get("seed"),
+        "frames": int(shard.meta["frames"]),
+        "episodes": len(shard.rows["traj_id"]),
+        "lanes": shard.lanes,
+        "steps": shard.steps,
+        "status": shard.meta["status"],
+        provenance.PROVENANCE: shard.meta.get(provenance.PROVENANCE),
+        "lane_offset": shard.lane_offset,
+        "traj_id_offset": shard.traj_offset,
+        "sweep_job": sweep.get("job"),
+        "sweep_jobs": sweep.get("jobs"),
+    }
+
+
+def _copy_key(shard: Shard, read: Callable[[str], Any], key: str, dst: Any) -> None:
+    """Copy the shard's committed ``key`` into ``dst[lanes of the shard, :steps]``."""
+    shape, _ = shard.arrays[key]
+    src = read(key)
+    row = max(1, int(np.prod(shape[2:], dtype=np.int64))) * np.dtype(_np_dtype(src)).itemsize
+    window = max(1, WINDOW_BYTES // (row * shard.lanes))
+    lanes = slice(shard.lane_offset, shard.lane_offset + shard.lanes)
+    for t0 in range(0, shard.steps, window):
+        t1 = min(shard.steps, t0 + window)
+        block = np.asarray(src[:, t0:t1])
+        if key in (TRAJ, MASK):
+            beyond = np.arange(t0, t1)[None, :] >= shard.lane_steps[:, None]
+            if key == TRAJ:
+                block = np.where((block >= 0) & ~beyond, block + shard.traj_offset, -1)
+            else:
+                block = block & ~beyond
+        elif key in FLAGGED and shard.cuts is not None:
+            cut_lanes, cut_times = shard.cuts
+            inside = (cut_times >= t0) & (cut_times < t1)
+            block = block.copy()  # a memmap shard's block is a view of the shard's file
+            block[cut_lanes[inside], cut_times[inside] - t0] = True
+        dst[lanes, t0:t1] = block
+
+
+def _np_dtype(array: Any) -> np.dtype:
+    return np.dtype(array.dtype)
+
+
+def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta, rows) -> None:
+    import h5py
+
+    from collect_cli.dataset.hdf5.attrs import RootAttrs
+
+    lanes, steps = meta["lanes"], meta["steps"]
+    readers = contextlib.ExitStack()
+    with readers, h5py.File(tmp, "w", locking=False) as f:
+        reads = [readers.enter_context(s.ds.reader()) for s in shards]
+        dtypes = {key: _np_dtype(reads[0](key)) for key in shards[0].arrays}
+
+        def copied(key: str) -> bool:
+            flagged = key in FLAGGED and any(s.cuts is not None for s in shards)
+            # a compact shard's next/observation is rebuilt, not stored: copied whole
+            rebuilt = any(s.ds.rebuilt(key) for s in shards)
+            return not virtual or key == TRAJ or flagged or rebuilt
+
+        def row_bytes(key: str) -> int:
+            feat = shards[0].arrays[key][0][2:]
+            return max(1, int(np.prod(feat, dtype=np.int64))) * dtypes[key].itemsize
+
+        # durability D9: the space first, so that a full disk fails before HDF5 writes
+        episodes = sum(np.asarray(column).nbytes for column in rows.values())
+        reserve(tmp, lanes * steps * sum(row_bytes(k) for k in dtypes if copied(k)) + episodes)
+        for key, (shape, _) in shards[0].arrays.items():
+            feat = shape[2:]
+            dtype = dtypes[key]
+            fill = -1 if key == TRAJ else 0
+            if dtype.kind == "S":  # Text, as fixed-length bytes
+                fill = b""
+            if copied(key):
+                row = row_bytes(key)
+                chunk = max(1, min(1024, steps, (1 << 20) // row))
+                ds = f.create_dataset(
+                    key,
+                    shape=(lanes, steps, *feat),
+                    dtype=dtype,
+                    chunks=(1, chunk, *feat),
+                    fillvalue=fill,
+                )
+                for shard, read in zip(shards, reads, strict=True):
+                    _copy_key(shard, read, key, ds)
+                continue
+            layout = h5py.VirtualLayout(shape=(lanes, steps, *feat), dtype=dtype)
+            for shard in shards:
+                # relative to the merged file's directory: HDF5 looks there first
+                name = os.path.relpath(shard.path.resolve(), dest.resolve().parent)
+                src = h5py.VirtualSource(name, key, shape=shard.arrays[key][0], dtype=dtype)
+                lo = shard.lane_offset
+                if shard.whole:
+                    layout[lo : lo + shard.lanes, : shard.steps] = src[:, : shard.steps]
+                    continue
+                for lane, committed in enumerate(shard.lane_steps.tolist()):
+                    if committed:
+                        layout[lo + lane, :committed] = src[lane, :committed]
+            f.create_virtual_dataset(key, layout, fillvalue=fill)
+        for name in COLUMNS:
+            f.create_dataset(fmt.column(name), data=rows[name])
+        RootAttrs(f).store(meta)
+        f.flush()
+        used = f.id.get_filesize()  # HDF5's end of allocated space
+    os.truncate(tmp, used)  # give back what was reserved beyond it
+
+
+def _write_memmap(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta, rows) -> None:
+    from collect_cli.dataformat import MEMMAP_META_FILE as META_FILE
+    from collect_cli.dataset.memmap.tdmeta import write_json, write_td_meta
+
+    lanes, steps = meta["lanes"], meta["steps"]
+    tmp.mkdir()
+    leaves: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]] = {}
+    with contextlib.ExitStack() as readers:
+        reads = [readers.enter_context(s.ds.reader()) for s in shards]
+        for key, (shape, _) in shards[0].arrays.items():
+            parts = tuple(key.split("/"))
+            file = tmp.joinpath(*parts[:-1], parts[-1] + ".memmap")
+            file.parent.mkdir(parents=True, exist_ok=True)
+            full = (lanes, steps, *shape[2:])
+            dtype = _np_dtype(reads[0](key))
+            # durability D9: real blocks (zeros: mask False), so that a full disk fails
+            # here, not as a SIGBUS while the mapping is written
+            file.touch()
+            reserve(file, int(np.prod(full, dtype=np.int64)) * dtype.itemsize)
+            os.truncate(file, int(np.prod(full, dtype=np.int64)) * dtype.itemsize)
+            dst = np.memmap(file, dtype=dtype, mode="r+", shape=full)
+            for shard, read in zip(shards, reads, strict=True):
+                _copy_key(shard, read, key, dst)
+                if key == TRAJ:
+                    dst[shard.lane_offset : shard.lane_offset + shard.lanes, shard.steps :] = -1
+            dst.flush()
+            del dst
+            leaves[parts] = (full, dtype)
+    (tmp / fmt.EPISODES).mkdir()
+    for name, dtype in COLUMNS.items():
+        with open(tmp / fmt.EPISODES / f"{name}.memmap", "wb") as f:
+            f.write(np.ascontiguousarray(rows[name], dtype).tobytes())
+            os.fsync(f.fileno())
+    write_td_meta(tmp, leaves, len(rows["traj_id"]))
+    write_json(tmp / META_FILE, meta, sync=True)
+
+
+# the merged dataset's writer, per backend (each writes ``tmp``, which is then published)
+MERGED_WRITERS = {"hdf5": _write_hdf5, "memmap": _write_memmap}
+
+
+def merge(
+    paths: list[str | Path],
+    dest: str | Path,
+    *,
+    copy: bool = False,
+    allow_incomplete: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Merge the datasets at ``paths`` into ``dest``; return a summary of the result."""
+    dest = Path(dest)
+    if not paths:
+        raise MergeError("name the shards to merge")
+    with claim(dest, "rlcollect merge"):  # durability D17
+        # durability D18: never an input, nor what an input's virtual datasets read
+        replaces = check_destination(dest, overwrite=overwrite, inputs=paths)
+        shards = [_load(Path(p)) for p in paths]
+        seen: dict[Path, Path] = {}
+        for shard in shards:
+            where = shard.path.resolve()
+            if where in seen:
+                raise MergeError(
+                    f"shard {str(shard.path)!r} is named twice: each shard merges once"
+                )
+            seen[where] = shard.path
+        _check(shards, allow_incomplete)
+        _place(shards)
+        rows = _rows(shards)
+        backend = shards[0].ds.backend
+        virtual = BACKENDS[backend].links and not copy
+        meta = _metadata(shards, dest, rows, virtual)
+        if why := backend_module(backend).lanes_limit(meta["lanes"], "lanes"):
+            raise MergeError(f"{why}: merge fewer shards (memmap datasets have no such limit)")
+        remove_leftovers(dest)
+        tmp = staging_name(dest, "merging")
+        try:
+            MERGED_WRITERS[backend](tmp, dest, shards, virtual, meta, rows)
+            publish(tmp, dest, replaces)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                remove_output(tmp)
+            if isinstance(exc, OSError):
+                raise WriteError(
+                    f"merging into {str(dest)!r} failed: {exc.strerror or exc}; nothing was written"
+                ) from None
+            raise
+    return {
+        "path": str(dest),
+        "backend": backend,
+        "mode": meta["merged"]["mode"],
+        "shards": len(shards),
+        "frames": meta["frames"],
+        "episodes": meta["episodes"],
+        "lanes": meta["lanes"],
+        "steps": meta["steps"],
+        "status": meta["status"],
+    }

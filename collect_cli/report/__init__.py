@@ -1,0 +1,1 @@
+"""Seeing a dataset: the numbers (``stats``), the HTML/PNG page (``html``) and the card."""
