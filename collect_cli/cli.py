@@ -285,44 +285,6 @@ def _guarded(fn, debug: bool) -> int:
         return exit_code(exc)
 
 
-def _info_dict(path: Path) -> dict[str, Any]:
-    from collect_cli import dataformat as fmt
-    from collect_cli.dataformat import return_stats
-    from collect_cli.dataset import open_dataset
-    from collect_cli.policies import provenance
-
-    ds = open_dataset(path)
-    meta = ds.meta
-    episodes = ds.episodes()
-    count = int(meta.get("episodes", len(episodes["traj_id"])))
-    rows = {k: v[:count] for k, v in episodes.items()}
-    stats = return_stats(rows)
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    return {
-        "path": str(path),
-        "backend": ds.backend,
-        "status": meta.get("status"),
-        "env_id": meta.get("env_id"),
-        "policy": meta.get("policy"),
-        "seed": meta.get("seed"),
-        "frames": meta.get("frames"),
-        "lanes": meta.get("lanes"),
-        "steps": meta.get("steps"),
-        "episodes": count,
-        "complete_episodes": int(rows["complete"].sum()),
-        "return": stats,
-        "keys": [{"key": k, "shape": list(s), "dtype": d} for k, s, d in ds.describe()],
-        "layout": meta.get(fmt.LAYOUT, fmt.FULL),
-        "codec": meta.get(fmt.CODEC),
-        "size_bytes": sum(f.stat().st_blocks * 512 for f in files),
-        "start_time": meta.get("start_time"),
-        "end_time": meta.get("end_time"),
-        "rlcollect_version": meta.get("rlcollect_version"),
-        **provenance.info_fields(meta, stats["mean"] if stats else None),
-        "config": meta.get("config"),
-    }
-
-
 @app.command()
 def info(
     path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
@@ -331,7 +293,10 @@ def info(
     """Show what is in a dataset: frames, episodes, returns, keys, size, status, config."""
 
     def show() -> int:
-        data = _info_dict(path)
+        from collect_cli.dataset import open_dataset
+        from collect_cli.ops.summary import summarize
+
+        data = summarize(open_dataset(path))
         if as_json:
             print(json.dumps(data, indent=2))
         else:
@@ -590,15 +555,12 @@ def _print_info(data: dict[str, Any]) -> None:
         "end_time",
     ):
         summary.add_row(field, str(data[field]))
-    layout = data["layout"]
-    if layout == "compact":
-        layout += " (each image frame stored once: next/observation rebuilt on read)"
-    summary.add_row("layout", layout)
+    from collect_cli.ops.summary import codec_words, layout_words
+
+    summary.add_row("layout", layout_words(data))
     codec = data["codec"] or {}
-    if codec.get("name", "none") != "none":
-        level = f" level {codec['level']}" if codec.get("level") is not None else ""
-        plugin = f" (other readers: import {codec['plugin']})" if codec.get("plugin") else ""
-        summary.add_row("codec", f"{codec['name']}{level}{plugin}")
+    plugin = f" (other readers: import {codec['plugin']})" if codec.get("plugin") else ""
+    summary.add_row("codec", codec_words(data) + plugin)
     if data["return"]:
         r = data["return"]
         summary.add_row(

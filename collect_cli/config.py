@@ -189,7 +189,8 @@ class WriterConfig:
 @dataclass
 class Hdf5WriterConfig(WriterConfig):
     name: str = "hdf5"
-    compression: str = "none"  # none | gzip | lzf | zstd | lz4 | blosc2 | blosc2-zstd
+    # auto (image leaves zstd, the rest raw) | none | gzip | lzf | zstd | lz4 | blosc2 | blosc2-zstd
+    compression: str = "auto"
     compression_level: int | None = None  # None: the codec's default
     chunk_frames: int = ranged(65536, low=1)  # frames per chunk (lanes x time steps), at most
 

@@ -18,7 +18,7 @@ import typing
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
-from collect_cli.dataformat import CODECS, PLUGIN
+from collect_cli.dataformat import AUTO, CODECS, IMAGE_CODEC, PLUGIN
 from collect_cli.errors import ConfigError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # how datasets record integers
@@ -269,8 +269,8 @@ def importable(module: str) -> bool:
 
 def check_codec(name: str, level: int | None) -> None:
     """An unknown codec, a level out of its range, or a plugin codec without the plugin."""
-    choice("writer.compression", name, tuple(CODECS))
-    _, levels, _, plugin = CODECS[name]
+    choice("writer.compression", name, (AUTO, *CODECS))
+    _, levels, _, plugin = CODECS[IMAGE_CODEC if name == AUTO else name]
     if level is not None and levels is None:
         raise ConfigError(
             f"writer.compression={name} takes no level: drop writer.compression_level"
@@ -281,7 +281,7 @@ def check_codec(name: str, level: int | None) -> None:
         )
     if plugin and not importable(PLUGIN):
         raise ConfigError(
-            f"writer.compression={name} needs {PLUGIN}: pip install 'rlcollect[codecs]' "
+            f"writer.compression={name} needs {PLUGIN}: pip install {PLUGIN} "
             "(or choose gzip or lzf)"
         )
 

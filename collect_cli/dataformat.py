@@ -393,14 +393,38 @@ CODECS: dict[str, tuple[int | None, tuple[int, int] | None, int | None, bool]] =
     "blosc2-zstd": (32026, (0, 9), 5, True),
 }
 PLUGIN = "hdf5plugin"
+# writer.compression=auto (the default): image leaves with this codec, the rest raw; a
+# frame of Pong is 100 KB raw and ~140 B with zstd, at the same speed (benchmarks/RESULTS.md)
+IMAGE_CODEC = "zstd"
+ALL_LEAVES, IMAGE_LEAVES = "all", "images"  # the codec metadata's ``leaves``
 
 
-def codec_meta(name: str, level: int | None) -> dict:
-    """The ``codec`` metadata of a dataset written with ``name`` at ``level``."""
+def leaf_codec(name: str, shape: tuple[int, ...], dtype: np.dtype) -> str:
+    """The codec a leaf of per-frame ``shape`` and ``dtype`` is stored with, where
+    ``writer.compression`` is ``name``: ``auto`` compresses the image leaves only."""
+    if name != AUTO:
+        return name
+    return IMAGE_CODEC if is_image(shape, dtype) else "none"
+
+
+def codec_meta(name: str, level: int | None, leaves: str = ALL_LEAVES) -> dict:
+    """The ``codec`` metadata of a dataset written with ``name`` at ``level`` on
+    ``leaves`` (all of them, or the image ones: ``writer.compression=auto``)."""
     filter_id, levels, default, plugin = CODECS[name]
     return {
         "name": name,
         "level": (default if level is None else level) if levels else None,
         "filter_id": filter_id,
         "plugin": PLUGIN if plugin else None,
+        "leaves": leaves if name != "none" else None,
     }
+
+
+def codec_text(codec: dict | None) -> str:
+    """A dataset's codec in words, from its metadata: ``zstd level 3 (image leaves)``."""
+    codec = codec or {}
+    if codec.get("name", "none") == "none":
+        return "none"
+    level = f" level {codec['level']}" if codec.get("level") is not None else ""
+    leaves = " (image leaves)" if codec.get("leaves") == IMAGE_LEAVES else ""
+    return f"{codec['name']}{level}{leaves}"

@@ -49,7 +49,7 @@ def test_groups_and_memmap_default_out():
         (["policy=nope"], "policy"),
         (["policy=mlp", "policy.activation=swish"], "choose from tanh"),
         (["policy.activation=relu"], "activation"),
-        (["writer.compression=brotli"], "choose from none, gzip, lzf, zstd, lz4, blosc2"),
+        (["writer.compression=brotli"], "choose from auto, none, gzip, lzf, zstd, lz4, blosc2"),
         (["writer.layout=sparse"], "choose from auto, full, compact"),
         (["writer.commit_interval=-1"], "writer.commit_interval must be a number of seconds"),
         (["writer=memmap", "writer.commit_interval=nan"], "writer.commit_interval"),

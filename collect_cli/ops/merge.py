@@ -283,6 +283,7 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta,
     import h5py
 
     from collect_cli.dataset.hdf5.attrs import RootAttrs
+    from collect_cli.dataset.hdf5.codecs import codec_filter
 
     lanes, steps = meta["lanes"], meta["steps"]
     readers = contextlib.ExitStack()
@@ -310,6 +311,8 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta,
             if dtype.kind == "S":  # Text, as fixed-length bytes
                 fill = b""
             if copied(key):
+                if fmt.leaf_codec(fmt.AUTO, feat, dtype) != "none" and not meta.get(fmt.CODEC):
+                    meta[fmt.CODEC] = fmt.codec_meta(fmt.IMAGE_CODEC, None, fmt.IMAGE_LEAVES)
                 row = row_bytes(key)
                 chunk = max(1, min(1024, steps, (1 << 20) // row))
                 ds = f.create_dataset(
@@ -318,6 +321,8 @@ def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta,
                     dtype=dtype,
                     chunks=(1, chunk, *feat),
                     fillvalue=fill,
+                    # frames copied are stored as a run's defaults store them
+                    **codec_filter(fmt.leaf_codec(fmt.AUTO, feat, dtype), None),
                 )
                 for shard, read in zip(shards, reads, strict=True):
                     _copy_key(shard, read, key, ds)

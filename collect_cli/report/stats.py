@@ -22,11 +22,12 @@ from gymnasium import spaces
 
 from collect_cli import dataformat as fmt
 from collect_cli import specs
-from collect_cli.dataformat import ACTION, COLUMNS, MASK, OBSERVATION, TRAJ
+from collect_cli.dataformat import ACTION, MASK, OBSERVATION, TRAJ
 from collect_cli.dataset import Dataset, open_dataset
 from collect_cli.errors import DatasetError
 from collect_cli.ops.export import Source
-from collect_cli.policies.provenance import normalized_score, ref_scores
+from collect_cli.ops.summary import codec_words, episode_rows, summarize
+from collect_cli.policies.provenance import NORMALIZED_SCORE, ref_scores
 
 # metadata keys the report reads where the dataset has them
 
@@ -86,9 +87,8 @@ def dataset_stats(path: str | Path) -> Stats:
 
 def _stats(ds: Dataset) -> Stats:
     meta = ds.meta
-    count = int(meta.get("episodes") or 0)
-    rows = ds.episodes() if count else {name: np.zeros(0, t) for name, t in COLUMNS.items()}
-    rows = {name: np.asarray(column)[:count] for name, column in rows.items()}
+    rows = episode_rows(ds)
+    count = len(rows["traj_id"])
     complete = rows["complete"].astype(bool)
     returns = rows["return"][complete].astype(np.float64)
     lengths = rows["length"][complete]
@@ -160,53 +160,40 @@ def provenance(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def disk_bytes(path: Path) -> int:
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    return sum(f.stat().st_blocks * 512 for f in files)
-
-
 def summary(ds: Dataset, rows, ret, obs_space, act_space) -> dict[str, Any]:
-    """The summary table's rows (label -> JSON value), in display order."""
+    """The summary table's rows (label -> JSON value), in display order: the
+    dataset's one summary (``ops.summary``), labelled for people."""
     meta = ds.meta
-    config = _config(meta)
-    writer = config.get("writer") if isinstance(config.get("writer"), dict) else {}
-    codec = writer.get("compression")  # the HDF5 filter the run's config named
-    if ds.backend == "memmap":
-        codec = codec or "none (raw memory-mapped files)"
-    complete = int(rows["complete"].sum())
+    one = summarize(ds, rows)
     out: dict[str, Any] = {
-        "path": str(ds.path),
-        "env": meta.get("env_id"),
+        "path": one["path"],
+        "env": one["env_id"],
         "observation space": str(obs_space) if obs_space else meta.get("observation_space"),
         "action space": str(act_space) if act_space else meta.get("action_space"),
-        "policy": meta.get("policy"),
+        "policy": one["policy"],
         "provenance": provenance(meta),
-        "seed": meta.get("seed"),
-        "status": meta.get("status"),
-        "frames": int(meta.get("frames") or 0),
-        "lanes x steps": f"{meta.get('lanes')} x {meta.get('steps')}",
-        "episodes": len(rows["traj_id"]),
-        "complete episodes": complete,
-        "cut episodes": len(rows["traj_id"]) - complete,
+        "seed": one["seed"],
+        "status": one["status"],
+        "frames": one["frames"],
+        "lanes x steps": f"{one['lanes']} x {one['steps']}",
+        "episodes": one["episodes"],
+        "complete episodes": one["complete_episodes"],
+        "cut episodes": one["episodes"] - one["complete_episodes"],
     }
     for stat in ("mean", "std", "min", "max"):
         out[f"return {stat}"] = ret[stat] if ret else None
     refs = ref_scores(meta)
     if refs and ret:
-        out["normalised score"] = normalized_score(meta, ret["mean"])
+        out["normalised score"] = one[NORMALIZED_SCORE]
         out["reference scores"] = f"{refs[0]:g} .. {refs[1]:g}"
-    out["bytes on disk"] = disk_bytes(ds.path)
-    merged = meta.get("merged") if isinstance(meta.get("merged"), dict) else {}
-    if merged.get("mode") == "virtual":  # the frames stay in the shard files it links
-        shards = [ds.path.parent / s["path"] for s in meta.get("shards") or []]
-        out["bytes on disk"] += sum(disk_bytes(p) for p in shards if p.exists())
-    out["backend"] = ds.backend
-    out["layout"] = "full"  # next/observation stored whole: the one layout written today
-    out["codec"] = codec or "none"
-    if meta.get("shards"):
-        out["merged from"] = f"{len(meta['shards'])} shards"
-    out["collected"] = f"{meta.get('start_time')} .. {meta.get('end_time') or '(not ended)'}"
-    out["rlcollect"] = meta.get("rlcollect_version")
+    out["bytes on disk"] = one["size_bytes"]
+    out["backend"] = one["backend"]
+    out["layout"] = one["layout"]
+    out["codec"] = codec_words(one)
+    if one["shards"]:
+        out["merged from"] = f"{one['shards']} shards"
+    out["collected"] = f"{one['start_time']} .. {one['end_time'] or '(not ended)'}"
+    out["rlcollect"] = one["rlcollect_version"]
     return out
 
 
@@ -240,7 +227,7 @@ def _drift(returns: np.ndarray) -> dict[str, list]:
 
 
 def is_image(leaf: specs.Leaf) -> bool:
-    return leaf.dtype == np.uint8 and len(leaf.shape) >= 3
+    return fmt.is_image(leaf.shape, leaf.dtype)
 
 
 def _leaves(space, head: str) -> list[tuple[str, specs.Leaf]]:

@@ -290,7 +290,26 @@ def test_rebuild_next_restores_next_observations_across_an_episode_end_and_paddi
     ],
 )
 def test_codec_meta_fills_default_levels_and_drops_levels_a_codec_lacks(name, level, expected):
-    assert fmt.codec_meta(name, level) == expected
+    leaves = None if name == "none" else "all"
+    assert fmt.codec_meta(name, level) == {**expected, "leaves": leaves}
+
+
+def test_auto_compresses_image_leaves_only():
+    assert fmt.leaf_codec("auto", (84, 84, 3), np.uint8) == "zstd"
+    assert fmt.leaf_codec("auto", (4, 84, 84), np.uint8) == "zstd"  # a frame stack
+    assert fmt.leaf_codec("auto", (84, 84), np.uint8) == "zstd"  # grayscale
+    assert fmt.leaf_codec("auto", (84, 84, 3), np.float32) == "none"  # not an image
+    assert fmt.leaf_codec("auto", (128,), np.uint8) == "none"  # Atari RAM
+    assert fmt.leaf_codec("none", (84, 84, 3), np.uint8) == "none"  # raw where asked
+    assert fmt.leaf_codec("gzip", (3,), np.float32) == "gzip"  # a named codec: every leaf
+
+
+def test_codec_text_names_the_codec_and_its_leaves():
+    assert fmt.codec_text(None) == "none"
+    assert fmt.codec_text(fmt.codec_meta("none", None)) == "none"
+    assert fmt.codec_text(fmt.codec_meta("lzf", None)) == "lzf"
+    images = fmt.codec_meta("zstd", None, fmt.IMAGE_LEAVES)
+    assert fmt.codec_text(images) == "zstd level 3 (image leaves)"
 
 
 def test_codec_meta_rejects_an_unknown_codec():

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import h5py
 import numpy as np
 import pytest
 
+from collect_cli import dataformat as fmt
 from collect_cli.dataset.hdf5.chunks import CHUNK_MAX, CHUNK_MIN, chunk_cache, chunk_shape
 from tests.helpers import assert_consistent
 
@@ -55,7 +58,7 @@ def test_small_frames_chunked_across_lanes_per_batch(
 def test_pixel_run_gzip_validates_and_compresses(cli, tmp_path):
     raw, packed = tmp_path / "raw.h5", tmp_path / "gzip.h5"
     full = ("+env.kwargs.size=84", "writer.layout=full")  # next/observation stored too
-    res = cli("run", *PIXELS, *full, f"out={raw}")
+    res = cli("run", *PIXELS, *full, "writer.compression=none", f"out={raw}")
     assert res.code == 0, res.stderr
     res = cli("run", *PIXELS, *full, "writer.compression=gzip", f"out={packed}")
     assert res.code == 0, res.stderr
@@ -71,3 +74,37 @@ def test_pixel_run_gzip_validates_and_compresses(cli, tmp_path):
         image_bytes = obs.nbytes + b["next/observation"].nbytes
         assert obs[0, 0].std() > 10  # structured frames, not blank ones
     assert packed.stat().st_size * 10 < image_bytes < raw.stat().st_size
+
+
+def test_a_default_run_stores_image_leaves_with_zstd_and_says_so(cli, tmp_path):
+    import hdf5plugin  # noqa: F401  (h5py reads zstd chunks once it is imported)
+
+    default, raw = tmp_path / "default.h5", tmp_path / "raw.h5"
+    full = ("+env.kwargs.size=84", "writer.layout=full")
+    assert cli("run", *PIXELS, *full, f"out={default}").code == 0
+    assert cli("run", *PIXELS, *full, "writer.compression=none", f"out={raw}").code == 0
+    assert cli("validate", str(default)).code == 0
+    zstd = fmt.CODECS["zstd"][0]
+    with h5py.File(default, "r") as f, h5py.File(raw, "r") as r:
+        for key in ("observation", "next/observation"):  # the image leaves: zstd
+            assert f[key].id.get_create_plist().get_filter(0)[0] == zstd
+            np.testing.assert_array_equal(f[key][:], r[key][:])  # lossless
+            assert r[key].id.get_create_plist().get_nfilters() == 0  # none: raw frames
+        for key in ("action", "next/reward", "collector/mask"):  # the rest: raw
+            assert f[key].id.get_create_plist().get_nfilters() == 0
+    assert default.stat().st_size * 20 < raw.stat().st_size  # Pong's figure: benchmarks/
+    info = json.loads(cli("info", str(default), "--json").stdout)
+    assert info["codec"]["name"] == "zstd" and info["codec"]["leaves"] == "images"
+    assert "zstd level 3 (image leaves)" in cli("info", str(default)).stdout
+    assert json.loads(cli("info", str(raw), "--json").stdout)["codec"]["name"] == "none"
+    report = json.loads(cli("report", str(default), "--json").stdout)[0]["summary"]
+    assert (report["layout"], report["codec"]) == ("full", "zstd level 3 (image leaves)")
+
+
+def test_a_default_run_of_a_vector_env_compresses_nothing(cli, tmp_path):
+    out = tmp_path / "pendulum.h5"
+    assert cli("run", "env=Pendulum", "total_frames=200", f"out={out}").code == 0
+    with h5py.File(out, "r") as f:
+        assert f["observation"].id.get_create_plist().get_nfilters() == 0
+    info = json.loads(cli("info", str(out), "--json").stdout)
+    assert info["codec"]["name"] == "none"

@@ -14,7 +14,7 @@ def load_plugin() -> None:
         import hdf5plugin  # noqa: F401  (importing it registers the filters)
     except ImportError:
         raise ConfigError(
-            "this codec needs hdf5plugin: pip install 'rlcollect[codecs]' (or hdf5plugin)"
+            "this codec needs hdf5plugin (a dependency of rlcollect): pip install hdf5plugin"
         ) from None
 
 

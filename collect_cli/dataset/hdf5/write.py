@@ -38,14 +38,16 @@ class Hdf5Writer(Writer):
         self,
         path,
         *,
-        compression: str = "none",
+        compression: str = fmt.AUTO,
         compression_level: int | None = None,
         chunk_frames: int = 65536,
         **kw,
     ):
         super().__init__(path, **kw)
-        self.codec = codec_filter(compression, compression_level)
-        self.meta[fmt.CODEC] = fmt.codec_meta(compression, compression_level)
+        self.compression, self.level = compression, compression_level
+        named = compression if compression != fmt.AUTO else "none"  # auto: known at _create
+        codec_filter(named, compression_level)  # a missing plugin fails here, not mid-run
+        self.meta[fmt.CODEC] = fmt.codec_meta(named, compression_level)
         self.chunk_frames = chunk_frames
         self._file: h5py.File | None = None
         self._attrs: RootAttrs | None = None
@@ -176,9 +178,16 @@ class Hdf5Writer(Writer):
         for block in self._frames.values():
             block.resize(lanes, axis=0)
 
+    def _codec(self, feat: tuple[int, ...], dtype: np.dtype) -> dict[str, Any]:
+        return codec_filter(fmt.leaf_codec(self.compression, feat, dtype), self.level)
+
     def _create(self, items, lanes: int) -> None:
         self._check_rows(lanes)
         self._text = fmt.text_keys(self.meta)
+        if self.compression == fmt.AUTO and any(
+            fmt.is_image(a.shape[2:], a.dtype) for _, a in items
+        ):
+            self.meta[fmt.CODEC] = fmt.codec_meta(fmt.IMAGE_CODEC, self.level, fmt.IMAGE_LEAVES)
         for key, array in items:
             if key in self._text:
                 array = fmt.fixed_bytes(array)
@@ -192,7 +201,7 @@ class Hdf5Writer(Writer):
                 maxshape=(None, None, *feat),
                 dtype=array.dtype,
                 chunks=(block, steps, *feat),
-                **self.codec,
+                **self._codec(feat, array.dtype),
                 fillvalue=b"" if key in self._text else FILL.get(key, 0),
                 **chunk_cache(block * steps * row_bytes, -(-lanes // block)),
             )
@@ -207,7 +216,7 @@ class Hdf5Writer(Writer):
                 dtype=dtype,
                 chunks=(rows, *feat),
                 fillvalue=FILL.get(key, 0),
-                **self.codec,
+                **self._codec(feat, np.dtype(dtype)),
             )
             self._finals[key] = Block(ds)
 
