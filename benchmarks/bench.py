@@ -63,7 +63,7 @@ import torch
 from tensordict import TensorDict
 
 from collect_cli import config
-from collect_cli.policies import build_policy
+from collect_cli.policies.build import build_policy
 
 sys.path.insert(0, str(Path(__file__).parent))
 import contenders

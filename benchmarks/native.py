@@ -44,7 +44,7 @@ from collect_cli import config
 from collect_cli.collectors import SyncCollector
 from collect_cli.dataset import open_dataset
 from collect_cli.envs import env_factory
-from collect_cli.policies import PolicyFactory
+from collect_cli.policies.build import PolicyFactory
 from collect_cli.run import run
 
 sys.path.insert(0, str(Path(__file__).parent))

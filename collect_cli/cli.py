@@ -620,37 +620,14 @@ def envs(
 
 
 def _envs_dict() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
+    from collect_cli import config, envs
+    from collect_cli.devices import cuda_devices
 
-    import yaml
-
-    from collect_cli import config
-
-    presets = []
-    for file in sorted((config.conf_dir() / "env").glob("*.yaml")):
-        data = yaml.safe_load(file.read_text())
-        env_id = None if data.get("id") == "???" else data.get("id")
-        usage = f"env={file.stem}" + ("" if env_id else " env.id=<gymnasium id>")
-        presets.append({"name": file.stem, "id": env_id, "usage": usage})
-    backends = []
-    for name in config.ENV_BACKENDS:
-        if name == "native":  # batched torch, part of rlcollect: there whenever torch is
-            backends.append(
-                {"name": name, "available": True, "detail": f"torch {version('torch')}"}
-            )
-            continue
-        try:
-            backends.append({"name": name, "available": True, "detail": version(name)})
-        except PackageNotFoundError:
-            backends.append({"name": name, "available": False, "detail": "not installed"})
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    devices = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(count)]
+    devices = cuda_devices()
     return {
-        "presets": presets,
-        "backends": backends,
-        "cuda": {"available": count > 0, "devices": devices},
+        "presets": config.env_presets(),
+        "backends": envs.available(),
+        "cuda": {"available": bool(devices), "devices": devices},
     }
 
 

@@ -18,21 +18,12 @@ import typing
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
-from collect_cli.dataformat import AUTO, CODECS, IMAGE_CODEC, PLUGIN
 from collect_cli.errors import ConfigError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # how datasets record integers
 # A batch is held in memory whole, in several buffers: past this many frames it is
 # a mistake (1e12 for 1e6), whatever the env. The memory check does the rest.
 MAX_FRAMES_PER_BATCH = 2**31
-# Envs per collector process: one Python (gymnasium) or C++ (envpool) env object
-# each lane; a native env is one batched torch env, whose lanes are tensor rows.
-MAX_ENVS = {"gymnasium": 2**14, "envpool": 2**14, "native": 2**24}
-ENVS_PER_LANE = {
-    "gymnasium": "one Python env object per lane",
-    "envpool": "one C++ env per lane",
-    "native": "lanes are rows of the batched tensors",
-}
 RANGE = "rlcollect.range"  # the field metadata key of an option's range
 
 
@@ -187,13 +178,14 @@ def max_workers() -> int:
     return max(16, 4 * cpus())
 
 
-def check_scale(backend: str, num_envs: int, workers: int) -> None:
-    """Env and worker counts this machine can run (before any env is built)."""
-    if num_envs > MAX_ENVS[backend]:
+def check_scale(name: str, backend: Any, num_envs: int, workers: int) -> None:
+    """Env and worker counts this machine can run (before any env is built);
+    ``backend`` is env backend ``name``'s registry entry (``envs.EnvBackend``)."""
+    if num_envs > backend.max_envs:
         raise ConfigError(
-            f"env.num_envs={num_envs} is too many for env.backend={backend}: at most "
-            f"{MAX_ENVS[backend]} envs per collector process ({ENVS_PER_LANE[backend]}); "
-            f"use env.num_envs from 1 to {MAX_ENVS[backend]}, and more collector.workers "
+            f"env.num_envs={num_envs} is too many for env.backend={name}: at most "
+            f"{backend.max_envs} envs per collector process ({backend.lanes}); "
+            f"use env.num_envs from 1 to {backend.max_envs}, and more collector.workers "
             "(collector=multisync) or env.backend=native for more lanes"
         )
     if workers > max_workers():
@@ -265,25 +257,6 @@ def importable(module: str) -> bool:
     except ImportError:
         return False
     return True
-
-
-def check_codec(name: str, level: int | None) -> None:
-    """An unknown codec, a level out of its range, or a plugin codec without the plugin."""
-    choice("writer.compression", name, (AUTO, *CODECS))
-    _, levels, _, plugin = CODECS[IMAGE_CODEC if name == AUTO else name]
-    if level is not None and levels is None:
-        raise ConfigError(
-            f"writer.compression={name} takes no level: drop writer.compression_level"
-        )
-    if level is not None and not levels[0] <= level <= levels[1]:
-        raise ConfigError(
-            f"writer.compression_level={level} is out of range for {name}: {levels[0]}..{levels[1]}"
-        )
-    if plugin and not importable(PLUGIN):
-        raise ConfigError(
-            f"writer.compression={name} needs {PLUGIN}: pip install {PLUGIN} "
-            "(or choose gzip or lzf)"
-        )
 
 
 def choice(key: str, value: str, choices: tuple[str, ...]) -> str:

@@ -24,9 +24,6 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 FLAGGED_CUTS_SINCE = 2
 
-# the name a dataset of each backend gets by default: an .h5 file or a directory
-SUFFIXES = {"hdf5": ".h5", "memmap": ""}
-
 # -- statuses --------------------------------------------------------------------------
 RUNNING, COMPLETE, INTERRUPTED = "running", "complete", "interrupted"
 STATUSES = (RUNNING, COMPLETE, INTERRUPTED)

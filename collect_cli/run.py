@@ -21,7 +21,8 @@ from typing import Any
 
 from collect_cli import __version__, specs
 from collect_cli.config import Settings
-from collect_cli.errors import ConfigError, DeviceError, OutputError
+from collect_cli.devices import resolve_device
+from collect_cli.errors import ConfigError, OutputError
 from collect_cli.policies import provenance
 from collect_cli.rollout import RolloutOptions
 from collect_cli.stream import DEPTH, WriteBehind, WriterSpec, pump
@@ -54,29 +55,6 @@ class ProgressState:
 
 
 ProgressFn = Callable[[ProgressState], None]
-
-
-def resolve_device(name: str, key: str = "device"):
-    """``torch.device`` for ``name``; a usage error if malformed or absent."""
-    import torch
-
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise DeviceError(f"{key}={name!r} is not a device: use cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(
-                f"{key}={name} asked for CUDA, but CUDA is not available here: use {key}=cpu"
-            )
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise DeviceError(
-                f"{key}={name} is out of range: this machine has {count} CUDA device(s)"
-            )
-    elif device.type != "cpu":
-        raise DeviceError(f"{key}={name!r} is not supported: use cpu, cuda or cuda:N")
-    return device
 
 
 def library_versions() -> dict[str, str]:
@@ -132,7 +110,7 @@ def build_collector(
     from collect_cli import collectors
     from collect_cli.collectors import derive_seeds
     from collect_cli.envs import env_factory
-    from collect_cli.policies import PolicyFactory, env_wrappers
+    from collect_cli.policies.build import PolicyFactory, env_wrappers
 
     env_cfg, coll = settings.env, settings.collector
     make_env = env_factory(

@@ -41,7 +41,8 @@ from omegaconf import DictConfig, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from collect_cli import config
-from collect_cli.dataformat import COMPLETE, INTERRUPTED, SUFFIXES
+from collect_cli.dataformat import COMPLETE, INTERRUPTED
+from collect_cli.dataset.backend import BACKENDS
 from collect_cli.errors import (
     EXIT_INTERRUPTED,
     EXIT_RUNTIME,
@@ -82,7 +83,7 @@ def shard_out(
     name = config.default_out(
         settings.env.id, settings.policy.name, settings.seed, settings.writer.name
     ).name
-    suffix = SUFFIXES[settings.writer.name]
+    suffix = BACKENDS[settings.writer.name].suffix
     stem = name[: -len(suffix)] if suffix else name
     width = len(str(max(count - 1, 0)))
     return Path("data") / sweep_id / f"{stem}_job{job:0{width}d}{suffix}"

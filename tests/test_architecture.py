@@ -25,15 +25,17 @@ LAYERS = [
             "collect_cli.specs",
             "collect_cli.rollout",
             "collect_cli.threads",
+            "collect_cli.devices",
         },
     ),
-    ("config", {"collect_cli.config", "collect_cli.config_checks"}),
+    ("schema", {"collect_cli.schema", "collect_cli.config_checks"}),  # the options' classes
     ("envs", {"collect_cli.envs"}),
     ("policies", {"collect_cli.policies"}),
     ("collectors", {"collect_cli.collectors"}),
     ("dataset", {"collect_cli.dataset"}),  # the format on disk: a writer and a reader per backend
     ("ops", {"collect_cli.ops"}),  # whole-dataset operations above the format
     ("report", {"collect_cli.report"}),
+    ("config", {"collect_cli.config"}),  # the Hydra groups: every registry's options
     ("stream", {"collect_cli.stream", "collect_cli.writer_process"}),
     ("run", {"collect_cli.run", "collect_cli.progress", "collect_cli.sweep"}),
     ("cli", {"collect_cli.cli", "collect_cli.__main__"}),

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from collect_cli import config
+from collect_cli import config, schema
 from collect_cli.errors import ConfigError
+from collect_cli.policies.sb3.options import Sb3PolicyConfig
 from collect_cli.rollout import RolloutOptions
 
 
@@ -72,9 +73,9 @@ def test_conf_ships_inside_package():
 
 def test_every_group_option_is_a_registered_schema():
     s = settings("policy=sb3", "policy.path=m.zip", "collector=multisync", "postproc=multistep")
-    assert isinstance(s.policy, config.Sb3PolicyConfig) and s.policy.deterministic
-    assert isinstance(s.collector, config.MultiSyncCollectorConfig) and s.collector.workers == 2
-    assert isinstance(s.postproc, config.MultiStepPostprocConfig) and s.postproc.n == 3
+    assert isinstance(s.policy, Sb3PolicyConfig) and s.policy.deterministic
+    assert isinstance(s.collector, schema.MultiSyncCollectorConfig) and s.collector.workers == 2
+    assert isinstance(s.postproc, schema.MultiStepPostprocConfig) and s.postproc.n == 3
     assert s.rollout == RolloutOptions()  # the rollout options travel as one object
     with pytest.raises(AttributeError):
         s.seed = 1  # type: ignore[misc]  # frozen: what load() checked stays checked
@@ -99,7 +100,7 @@ def test_schemas_refuse_keys_and_types_while_composing(overrides, message):
 def test_yaml_holds_only_what_differs_from_the_schemas():
     import yaml
 
-    defaults = vars(config.EnvConfig(name="", id=""))
+    defaults = vars(schema.EnvConfig(name="", id=""))
     for file in sorted((config.conf_dir() / "env").glob("*.yaml")):
         preset = yaml.safe_load(file.read_text())
         assert preset["name"] == file.stem
@@ -127,11 +128,11 @@ def test_run_help_names_every_group_option_and_key():
         assert set(options) <= words, (group, set(options) - words)
         keys = {f"{group}.{f.name}" for c in options.values() for f in dataclasses.fields(c)}
         assert keys - {f"{group}.name"} <= words, (group, keys - words)
-    for field in dataclasses.fields(config.RunConfig):
+    for field in dataclasses.fields(schema.RunConfig):
         if field.name in config.GROUPS:
             continue
         if field.name in ("env", "dataset"):
-            sub = field.default_factory() if field.name == "dataset" else config.EnvConfig
+            sub = field.default_factory() if field.name == "dataset" else schema.EnvConfig
             names = {f"{field.name}.{f.name}" for f in dataclasses.fields(sub)}
             assert names - {"env.name"} <= words, names - words
         else:
@@ -147,15 +148,15 @@ def numeric_options():
 
     needs = {"torchscript": "policy.path=p", "export": "policy.path=p", "sb3": "policy.path=p"}
     needs["python"] = "policy.target=m:f"
-    schemas = [([], "", config.RunConfig), ([], "env.", config.EnvConfig)]
-    schemas.append(([], "dataset.", config.DatasetConfig))
+    schemas = [([], "", schema.RunConfig), ([], "env.", schema.EnvConfig)]
+    schemas.append(([], "dataset.", schema.DatasetConfig))
     for group, options in config.GROUPS.items():
-        for option, schema in options.items():
+        for option, options_class in options.items():
             select = [f"{group}={option}", *([needs[option]] if option in needs else [])]
-            schemas.append((select, f"{group}.", schema))
-    for select, prefix, schema in schemas:
-        hints = typing.get_type_hints(schema)
-        for item in dataclasses.fields(schema):
+            schemas.append((select, f"{group}.", options_class))
+    for select, prefix, options_class in schemas:
+        hints = typing.get_type_hints(options_class)
+        for item in dataclasses.fields(options_class):
             if kind := numeric_kind(hints[item.name]):
                 is_list = typing.get_origin(hints[item.name]) is list
                 yield select, prefix + item.name, kind, is_list

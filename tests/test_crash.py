@@ -158,7 +158,7 @@ def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
     datasets, made by the first batch) and closing it (status, end time). A kill
     before the first commit leaves no file at ``out``; after it, a sound file
     whose status says whether closing finished."""
-    from collect_cli.dataset.hdf5 import read_meta
+    from collect_cli.dataset.hdf5.read import read_meta
     from collect_cli.ops.validate import validate
 
     args = ["env=Pendulum", "total_frames=600", "frames_per_batch=200", "writer=hdf5"]
@@ -189,7 +189,7 @@ def test_kill_at_each_write_of_creating_and_closing_an_hdf5_file(tmp_path):
 def test_kill_at_writes_of_a_split_trajs_hdf5_run_leaves_a_sound_file(tmp_path):
     """split_trajs: rows are whole episodes, so the datasets are made when the first
     episodes end and grow by rows at later commits (their per-row counters too)."""
-    from collect_cli.dataset.hdf5 import read_meta
+    from collect_cli.dataset.hdf5.read import read_meta
     from collect_cli.ops.validate import validate
 
     args = ["env=Pendulum", "total_frames=3200", "frames_per_batch=200", "split_trajs=true"]

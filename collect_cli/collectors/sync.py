@@ -46,8 +46,9 @@ from collect_cli.config_checks import check_batch_memory
 from collect_cli.envs import VecEnv
 from collect_cli.envs.base import StepResult
 from collect_cli.errors import ConfigError, PolicyError, RlcollectError
-from collect_cli.policies import PolicyFactory, RandomPolicy, tensor_policy, torch_dtype
+from collect_cli.policies.build import PolicyFactory
 from collect_cli.policies.exploration import interaction
+from collect_cli.policies.nets import RandomPolicy, tensor_policy, torch_dtype
 from collect_cli.rollout import RolloutOptions
 from collect_cli.threads import intra_op_threads, serial
 

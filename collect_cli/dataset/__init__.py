@@ -1,19 +1,9 @@
-"""Writers and readers: one pair per backend, looked up by name in :data:`BACKENDS`.
-
-A backend module (imported only when a dataset of its kind is used) provides:
-
-- ``WRITER``: its :class:`~collect_cli.dataset.writer.Writer` class;
-- ``read_meta(path)``, ``describe_keys(path)``, ``read_array(path, key)``,
-  ``load(path)`` (the whole dataset as a TensorDict);
-- ``reader(path, by_lane=False)``: a context manager giving ``read(key)``, a
-  sliceable array per stored key (keys joined by ``/``);
-- ``lanes_limit(lanes, what)``: why a dataset cannot hold that many lanes, or None.
-"""
+"""The dataset on disk, read-only (:class:`Dataset`, :func:`open_dataset`), and its
+backends' registry (:mod:`collect_cli.dataset.backend`), whose writers write it."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -26,45 +16,19 @@ import numpy as np
 
 from collect_cli import dataformat as fmt
 from collect_cli import specs
+from collect_cli.dataset.backend import BACKENDS, backend, make_writer
 from collect_cli.dataset.ownership import check_output, missing_dataset, shown, what_is
-from collect_cli.dataset.writer import Writer
 from collect_cli.errors import OutputError
-
-
-@dataclass(frozen=True)
-class Backend:
-    module: str
-    is_dir: bool  # a dataset is a directory (else a file)
-    links: bool  # a merge may map the shards' frame arrays instead of copying them
-
-
-BACKENDS = {
-    "hdf5": Backend("collect_cli.dataset.hdf5", is_dir=False, links=True),
-    "memmap": Backend("collect_cli.dataset.memmap", is_dir=True, links=False),
-}
 
 __all__ = [
     "BACKENDS",
     "Dataset",
-    "Writer",
     "backend",
     "check_output",
     "locate",
     "make_writer",
     "open_dataset",
 ]
-
-
-def backend(name: str) -> ModuleType:
-    """The module of backend ``name`` (imported on first use)."""
-    if name not in BACKENDS:
-        raise OutputError(f"unknown writer {name!r}: choose from {', '.join(BACKENDS)}")
-    return importlib.import_module(BACKENDS[name].module)
-
-
-def make_writer(name: str, path: str | Path, **kwargs: Any) -> Writer:
-    """The writer of backend ``name`` (``hdf5`` | ``memmap``), not yet opened."""
-    return backend(name).WRITER(path, **kwargs)
 
 
 class NextView:

@@ -1,15 +1,42 @@
-"""Env backends behind one interface (:class:`VecEnv`), chosen by ``env.backend``."""
+"""Env backends behind one interface (:class:`VecEnv`), one line each in
+:data:`BACKENDS`: ``env.backend=<name>`` picks one. A backend is a ``VecEnv``
+class whose constructor takes ``(env_id, num_envs, kwargs, info_keys, device,
+wrappers)``; its module is imported when an env is built."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from collect_cli.config import ENV_BACKENDS as BACKENDS
 from collect_cli.envs.base import StepResult, VecEnv
 from collect_cli.errors import UsageError
 
-__all__ = ["BACKENDS", "EnvFactory", "StepResult", "VecEnv", "env_factory"]
+__all__ = ["BACKENDS", "EnvBackend", "EnvFactory", "StepResult", "VecEnv", "env_factory"]
+
+
+@dataclass(frozen=True)
+class EnvBackend:
+    vec_env: str  # "module:Class" of its VecEnv
+    dist: str  # the distribution `rlcollect envs` reports the version of
+    max_envs: int  # envs per collector process, at most
+    lanes: str  # what a lane is, in words (why max_envs)
+    wraps: bool = False  # takes gymnasium wrappers around each env (an RL Zoo env_wrapper)
+
+
+BACKENDS = {
+    "gymnasium": EnvBackend(
+        "collect_cli.envs.gymnasium:GymnasiumVecEnv", "gymnasium", 2**14,
+        "one Python env object per lane", wraps=True,
+    ),
+    "envpool": EnvBackend(
+        "collect_cli.envs.envpool:EnvpoolVecEnv", "envpool", 2**14, "one C++ env per lane"
+    ),
+    "native": EnvBackend(  # batched torch, part of rlcollect: there whenever torch is
+        "collect_cli.envs.native:NativeVecEnv", "torch", 2**24,
+        "lanes are rows of the batched tensors",
+    ),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -25,25 +52,32 @@ class EnvFactory:
     wrappers: tuple[tuple[str, dict[str, Any]], ...] = ()  # gymnasium: around each env
 
     def __call__(self) -> VecEnv:
-        if self.backend == "gymnasium":
-            from collect_cli.envs.gymnasium import GymnasiumVecEnv
+        module, _, name = BACKENDS[self.backend].vec_env.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        return cls(
+            self.env_id,
+            self.num_envs,
+            dict(self.kwargs),
+            tuple(self.info_keys),
+            device=self.device,
+            wrappers=self.wrappers,
+        )
 
-            return GymnasiumVecEnv(
-                self.env_id, self.num_envs, dict(self.kwargs), tuple(self.info_keys), self.wrappers
-            )
-        if self.backend == "envpool":
-            from collect_cli.envs.envpool import EnvpoolVecEnv
 
-            return EnvpoolVecEnv(
-                self.env_id, self.num_envs, dict(self.kwargs), tuple(self.info_keys)
-            )
-        if self.backend == "native":
-            from collect_cli.envs.native import NativeVecEnv
+def available() -> list[dict[str, Any]]:
+    """Each backend: whether its distribution is installed here, and its version."""
+    from importlib.metadata import PackageNotFoundError, version
 
-            return NativeVecEnv(
-                self.env_id, self.num_envs, dict(self.kwargs), tuple(self.info_keys), self.device
-            )
-        raise UsageError(f"unknown env.backend {self.backend!r}: choose from {', '.join(BACKENDS)}")
+    out = []
+    for name, backend in BACKENDS.items():
+        try:
+            found = version(backend.dist)
+        except PackageNotFoundError:
+            out.append({"name": name, "available": False, "detail": "not installed"})
+            continue
+        detail = found if backend.dist == name else f"{backend.dist} {found}"
+        out.append({"name": name, "available": True, "detail": detail})
+    return out
 
 
 def env_factory(
@@ -64,7 +98,7 @@ def env_factory(
     """
     if backend not in BACKENDS:
         raise UsageError(f"unknown env.backend {backend!r}: choose from {', '.join(BACKENDS)}")
-    if wrappers and backend != "gymnasium":
+    if wrappers and not BACKENDS[backend].wraps:
         raise UsageError(
             f"env wrapper {wrappers[0][0]} (the policy's RL Zoo env_wrapper) wraps gymnasium "
             f"envs: use env.backend=gymnasium, not {backend}"

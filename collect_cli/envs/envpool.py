@@ -190,6 +190,8 @@ class EnvpoolVecEnv(VecEnv):
         num_envs: int,
         kwargs: dict[str, Any] | None = None,
         info_keys: tuple[str, ...] = (),
+        device: str = "cpu",  # envpool steps in numpy
+        wrappers: tuple = (),  # gymnasium wrappers: refused by env_factory
     ):
         envpool = import_envpool()
         check_id(envpool, env_id)

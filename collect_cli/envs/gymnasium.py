@@ -71,6 +71,7 @@ class GymnasiumVecEnv(VecEnv):
         num_envs: int,
         kwargs: dict[str, Any] | None = None,
         info_keys: tuple[str, ...] = (),
+        device: str = "cpu",  # gymnasium envs step in numpy
         wrappers: Wrappers = (),
     ):
         kwargs = dict(kwargs or {})

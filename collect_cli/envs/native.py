@@ -37,9 +37,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from collect_cli.devices import resolve_device
 from collect_cli.envs.base import StepResult, VecEnv
 from collect_cli.envs.native_dynamics import ENVS, Dynamics
-from collect_cli.errors import CollectionError, DeviceError, UsageError
+from collect_cli.errors import CollectionError, UsageError
 from collect_cli.threads import intra_op_threads, serial
 
 KIND = {bool: "true or false", int: "an integer", float: "a number"}
@@ -81,26 +82,6 @@ def check_kwargs(cls: type[Dynamics], kwargs: dict[str, Any]) -> tuple[dict[str,
     return params, steps
 
 
-def resolve_device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise DeviceError(f"device={device!r} is not a device: use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"device={device} asked for CUDA, which this machine lacks")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise DeviceError(
-                f"device={device} is out of range: this machine has "
-                f"{torch.cuda.device_count()} CUDA device(s)"
-            )
-        if dev.index is None:  # the generator and the tensors on one explicit device
-            dev = torch.device("cuda", torch.cuda.current_device())
-    elif dev.type != "cpu":
-        raise DeviceError(f"device={device}: native envs run on cpu or cuda")
-    return dev
-
-
 class TensorStep(NamedTuple):
     """One step of every lane, as tensors on the env's device."""
 
@@ -128,6 +109,7 @@ class NativeVecEnv(VecEnv):
         kwargs: dict[str, Any] | None = None,
         info_keys: tuple[str, ...] = (),
         device: str | torch.device = "cpu",
+        wrappers: tuple = (),  # gymnasium wrappers: refused by env_factory
     ):
         cls = ENVS.get(env_id)
         if cls is None:

@@ -35,7 +35,7 @@ from collect_cli import dataformat as fmt
 from collect_cli.dataformat import COLUMNS, MASK, TRAJ, Rows, concat_rows
 from collect_cli.dataset import BACKENDS, Dataset, open_dataset
 from collect_cli.dataset import backend as backend_module
-from collect_cli.dataset.fsio import publish, reserve
+from collect_cli.dataset.fsio import publish
 from collect_cli.dataset.ownership import (
     check_destination,
     claim,
@@ -77,6 +77,36 @@ class Shard:
     def whole(self) -> bool:
         """Every lane committed up to ``steps``: one block maps the shard."""
         return bool((self.lane_steps == self.steps).all())
+
+    def copy_into(self, read: Callable[[str], Any], key: str, dst: Any) -> None:
+        """Copy the shard's committed ``key`` into ``dst[lanes of the shard, :steps]``."""
+        shape, _ = self.arrays[key]
+        src = read(key)
+        row = max(1, int(np.prod(shape[2:], dtype=np.int64))) * np.dtype(src.dtype).itemsize
+        window = max(1, WINDOW_BYTES // (row * self.lanes))
+        lanes = slice(self.lane_offset, self.lane_offset + self.lanes)
+        for t0 in range(0, self.steps, window):
+            t1 = min(self.steps, t0 + window)
+            block = np.asarray(src[:, t0:t1])
+            if key in (TRAJ, MASK):
+                beyond = np.arange(t0, t1)[None, :] >= self.lane_steps[:, None]
+                if key == TRAJ:
+                    block = np.where((block >= 0) & ~beyond, block + self.traj_offset, -1)
+                else:
+                    block = block & ~beyond
+            elif key in FLAGGED and self.cuts is not None:
+                cut_lanes, cut_times = self.cuts
+                inside = (cut_times >= t0) & (cut_times < t1)
+                block = block.copy()  # a memmap shard's block is a view of the shard's file
+                block[cut_lanes[inside], cut_times[inside] - t0] = True
+            dst[lanes, t0:t1] = block
+
+    def changed(self, key: str) -> bool:
+        """Whether the merged ``key`` differs from the shard's stored array (so it is
+        copied, never linked): traj ids offset, flags set where a kill cut a lane, and
+        a compact shard's next/observation (rebuilt on read, not stored)."""
+        flagged = key in FLAGGED and self.cuts is not None
+        return key == TRAJ or flagged or self.ds.rebuilt(key)
 
 
 def _load(path: Path) -> Shard:
@@ -251,144 +281,6 @@ def _shard_entry(shard: Shard, dest: Path) -> dict[str, Any]:
     }
 
 
-def _copy_key(shard: Shard, read: Callable[[str], Any], key: str, dst: Any) -> None:
-    """Copy the shard's committed ``key`` into ``dst[lanes of the shard, :steps]``."""
-    shape, _ = shard.arrays[key]
-    src = read(key)
-    row = max(1, int(np.prod(shape[2:], dtype=np.int64))) * np.dtype(_np_dtype(src)).itemsize
-    window = max(1, WINDOW_BYTES // (row * shard.lanes))
-    lanes = slice(shard.lane_offset, shard.lane_offset + shard.lanes)
-    for t0 in range(0, shard.steps, window):
-        t1 = min(shard.steps, t0 + window)
-        block = np.asarray(src[:, t0:t1])
-        if key in (TRAJ, MASK):
-            beyond = np.arange(t0, t1)[None, :] >= shard.lane_steps[:, None]
-            if key == TRAJ:
-                block = np.where((block >= 0) & ~beyond, block + shard.traj_offset, -1)
-            else:
-                block = block & ~beyond
-        elif key in FLAGGED and shard.cuts is not None:
-            cut_lanes, cut_times = shard.cuts
-            inside = (cut_times >= t0) & (cut_times < t1)
-            block = block.copy()  # a memmap shard's block is a view of the shard's file
-            block[cut_lanes[inside], cut_times[inside] - t0] = True
-        dst[lanes, t0:t1] = block
-
-
-def _np_dtype(array: Any) -> np.dtype:
-    return np.dtype(array.dtype)
-
-
-def _write_hdf5(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta, rows) -> None:
-    import h5py
-
-    from collect_cli.dataset.hdf5.attrs import RootAttrs
-    from collect_cli.dataset.hdf5.codecs import codec_filter
-
-    lanes, steps = meta["lanes"], meta["steps"]
-    readers = contextlib.ExitStack()
-    with readers, h5py.File(tmp, "w", locking=False) as f:
-        reads = [readers.enter_context(s.ds.reader()) for s in shards]
-        dtypes = {key: _np_dtype(reads[0](key)) for key in shards[0].arrays}
-
-        def copied(key: str) -> bool:
-            flagged = key in FLAGGED and any(s.cuts is not None for s in shards)
-            # a compact shard's next/observation is rebuilt, not stored: copied whole
-            rebuilt = any(s.ds.rebuilt(key) for s in shards)
-            return not virtual or key == TRAJ or flagged or rebuilt
-
-        def row_bytes(key: str) -> int:
-            feat = shards[0].arrays[key][0][2:]
-            return max(1, int(np.prod(feat, dtype=np.int64))) * dtypes[key].itemsize
-
-        # durability D9: the space first, so that a full disk fails before HDF5 writes
-        episodes = sum(np.asarray(column).nbytes for column in rows.values())
-        reserve(tmp, lanes * steps * sum(row_bytes(k) for k in dtypes if copied(k)) + episodes)
-        for key, (shape, _) in shards[0].arrays.items():
-            feat = shape[2:]
-            dtype = dtypes[key]
-            fill = -1 if key == TRAJ else 0
-            if dtype.kind == "S":  # Text, as fixed-length bytes
-                fill = b""
-            if copied(key):
-                if fmt.leaf_codec(fmt.AUTO, feat, dtype) != "none" and not meta.get(fmt.CODEC):
-                    meta[fmt.CODEC] = fmt.codec_meta(fmt.IMAGE_CODEC, None, fmt.IMAGE_LEAVES)
-                row = row_bytes(key)
-                chunk = max(1, min(1024, steps, (1 << 20) // row))
-                ds = f.create_dataset(
-                    key,
-                    shape=(lanes, steps, *feat),
-                    dtype=dtype,
-                    chunks=(1, chunk, *feat),
-                    fillvalue=fill,
-                    # frames copied are stored as a run's defaults store them
-                    **codec_filter(fmt.leaf_codec(fmt.AUTO, feat, dtype), None),
-                )
-                for shard, read in zip(shards, reads, strict=True):
-                    _copy_key(shard, read, key, ds)
-                continue
-            layout = h5py.VirtualLayout(shape=(lanes, steps, *feat), dtype=dtype)
-            for shard in shards:
-                # relative to the merged file's directory: HDF5 looks there first
-                name = os.path.relpath(shard.path.resolve(), dest.resolve().parent)
-                src = h5py.VirtualSource(name, key, shape=shard.arrays[key][0], dtype=dtype)
-                lo = shard.lane_offset
-                if shard.whole:
-                    layout[lo : lo + shard.lanes, : shard.steps] = src[:, : shard.steps]
-                    continue
-                for lane, committed in enumerate(shard.lane_steps.tolist()):
-                    if committed:
-                        layout[lo + lane, :committed] = src[lane, :committed]
-            f.create_virtual_dataset(key, layout, fillvalue=fill)
-        for name in COLUMNS:
-            f.create_dataset(fmt.column(name), data=rows[name])
-        RootAttrs(f).store(meta)
-        f.flush()
-        used = f.id.get_filesize()  # HDF5's end of allocated space
-    os.truncate(tmp, used)  # give back what was reserved beyond it
-
-
-def _write_memmap(tmp: Path, dest: Path, shards: list[Shard], virtual: bool, meta, rows) -> None:
-    from collect_cli.dataformat import MEMMAP_META_FILE as META_FILE
-    from collect_cli.dataset.memmap.tdmeta import write_json, write_td_meta
-
-    lanes, steps = meta["lanes"], meta["steps"]
-    tmp.mkdir()
-    leaves: dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]] = {}
-    with contextlib.ExitStack() as readers:
-        reads = [readers.enter_context(s.ds.reader()) for s in shards]
-        for key, (shape, _) in shards[0].arrays.items():
-            parts = tuple(key.split("/"))
-            file = tmp.joinpath(*parts[:-1], parts[-1] + ".memmap")
-            file.parent.mkdir(parents=True, exist_ok=True)
-            full = (lanes, steps, *shape[2:])
-            dtype = _np_dtype(reads[0](key))
-            # durability D9: real blocks (zeros: mask False), so that a full disk fails
-            # here, not as a SIGBUS while the mapping is written
-            file.touch()
-            reserve(file, int(np.prod(full, dtype=np.int64)) * dtype.itemsize)
-            os.truncate(file, int(np.prod(full, dtype=np.int64)) * dtype.itemsize)
-            dst = np.memmap(file, dtype=dtype, mode="r+", shape=full)
-            for shard, read in zip(shards, reads, strict=True):
-                _copy_key(shard, read, key, dst)
-                if key == TRAJ:
-                    dst[shard.lane_offset : shard.lane_offset + shard.lanes, shard.steps :] = -1
-            dst.flush()
-            del dst
-            leaves[parts] = (full, dtype)
-    (tmp / fmt.EPISODES).mkdir()
-    for name, dtype in COLUMNS.items():
-        with open(tmp / fmt.EPISODES / f"{name}.memmap", "wb") as f:
-            f.write(np.ascontiguousarray(rows[name], dtype).tobytes())
-            os.fsync(f.fileno())
-    write_td_meta(tmp, leaves, len(rows["traj_id"]))
-    write_json(tmp / META_FILE, meta, sync=True)
-
-
-# the merged dataset's writer, per backend (each writes ``tmp``, which is then published)
-MERGED_WRITERS = {"hdf5": _write_hdf5, "memmap": _write_memmap}
-
-
 def merge(
     paths: list[str | Path],
     dest: str | Path,
@@ -424,7 +316,7 @@ def merge(
         remove_leftovers(dest)
         tmp = staging_name(dest, "merging")
         try:
-            MERGED_WRITERS[backend](tmp, dest, shards, virtual, meta, rows)
+            backend_module(backend).write_merged(tmp, dest, shards, virtual, meta, rows)
             publish(tmp, dest, replaces)
         except BaseException as exc:
             with contextlib.suppress(OSError):

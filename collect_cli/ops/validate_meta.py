@@ -8,6 +8,7 @@ import numpy as np
 import yaml
 
 from collect_cli import dataformat as fmt
+from collect_cli.policies.registry import KINDS
 
 # what shaped the stream; a merged dataset's metadata lacks them: its config has them
 SETTINGS = {"reset_when_done": True, "reset_at_each_iter": False, "exploration_type": "random"}
@@ -30,9 +31,7 @@ def settings(meta: dict) -> dict:
 
 def _user_code(kind: str) -> bool:
     """Whether policy ``kind`` runs the user's code (its actions recorded as returned)."""
-    from collect_cli.config import GROUPS
-
-    return any(getattr(GROUPS["policy"].get(k), "user_code", False) for k in kind.split("+"))
+    return any(KINDS[k].user_code for k in kind.split("+") if k in KINDS)
 
 
 def action_bounds(meta: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:

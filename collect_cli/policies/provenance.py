@@ -6,74 +6,23 @@ algorithm and library versions, and the ``dataset.`` fields the user gives
 
 from __future__ import annotations
 
-import hashlib
-from contextlib import suppress
 from dataclasses import asdict
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any
 
-from collect_cli.config import (
-    DatasetConfig,
-    ExportPolicyConfig,
-    MlpPolicyConfig,
-    PolicyConfig,
-    PythonPolicyConfig,
-    Sb3PolicyConfig,
-    TorchScriptPolicyConfig,
-)
 from collect_cli.dataformat import DATASET, PROVENANCE, REF_MAX, REF_MIN
+from collect_cli.policies.registry import kind_of
+from collect_cli.schema import DatasetConfig, PolicyConfig
 
 # metadata keys
 NORMALIZED_SCORE = "normalized_score"  # info: D4RL-normalised mean return
 # dataset.* fields Minari's metadata has under the same names
 MINARI_FIELDS = ("author", "author_email", "code_permalink", "description", REF_MIN, REF_MAX)
 MINARI_SETS = ("author", "author_email")  # Minari holds these as sets of names
-SB3_DISTRIBUTIONS = ("stable-baselines3", "sb3-contrib")
-
-
-def file_record(path: Path) -> dict[str, Any]:
-    """A checkpoint file's name, size and sha256."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return {"name": path.name, "size": path.stat().st_size, "sha256": digest.hexdigest()}
-
-
-def _versions(*dists: str) -> dict[str, str]:
-    out = {}
-    for dist in dists:
-        with suppress(PackageNotFoundError):
-            out[dist] = version(dist)
-    return out
 
 
 def policy_provenance(cfg: PolicyConfig) -> dict[str, Any]:
     """What produced the actions: kind, checkpoint file, algorithm, library versions."""
-    record: dict[str, Any] = {"policy": cfg.name}
-    if isinstance(cfg, Sb3PolicyConfig):
-        from collect_cli.policies.sb3 import resolve
-
-        source = resolve(cfg)
-        record["algorithm"] = source.algo
-        record["checkpoint"] = file_record(source.model)
-        if source.vecnormalize is not None:
-            record["vecnormalize"] = file_record(source.vecnormalize)
-        if source.zoo_folder is not None:
-            record["zoo_folder"] = source.zoo_folder.name
-        record["deterministic"] = bool(cfg.deterministic)
-        record["library_versions"] = _versions(*SB3_DISTRIBUTIONS)
-    elif isinstance(cfg, (TorchScriptPolicyConfig, ExportPolicyConfig)):
-        path = Path(cfg.path)
-        if path.is_file():
-            record["checkpoint"] = file_record(path)
-        record["library_versions"] = _versions("torch")
-    elif isinstance(cfg, MlpPolicyConfig) and cfg.checkpoint and Path(cfg.checkpoint).is_file():
-        record["checkpoint"] = file_record(Path(cfg.checkpoint))
-    elif isinstance(cfg, PythonPolicyConfig):
-        record["target"] = cfg.target
-    return record
+    return {"policy": cfg.name, **kind_of(cfg).provenance(cfg)}
 
 
 def metadata(policy: PolicyConfig, dataset: DatasetConfig) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from collect_cli import config
 from collect_cli.collectors import MultiSyncCollector, SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.errors import CollectionError, ConfigError
-from collect_cli.policies import PolicyFactory
+from collect_cli.policies.build import PolicyFactory
 from collect_cli.rollout import RolloutOptions
 
 CUDA = torch.cuda.is_available()

@@ -190,7 +190,7 @@ def test_script_that_never_shuts_down_still_exits(cls, end):
 
 
 def test_api_parity_weights_seed_state_reset():
-    from collect_cli.policies import MlpPolicy
+    from collect_cli.policies.nets import MlpPolicy
 
     env = env_factory("Pendulum-v1", 2)
     probe = env()
@@ -291,7 +291,7 @@ def test_multiasync_prefetch_counts_frames_exactly():
 
 
 def test_prefetch_reaches_weights_after_the_queued_batches():
-    from collect_cli.policies import MlpPolicy
+    from collect_cli.policies.nets import MlpPolicy
 
     env = env_factory("Pendulum-v1", 2)
     probe = env()

@@ -11,10 +11,12 @@ import torch
 from tensordict import TensorDict
 
 from collect_cli.collectors import MultiSyncCollector, SyncCollector, split_trajectories
-from collect_cli.config import MlpPolicyConfig, PythonPolicyConfig, RandomPolicyConfig
 from collect_cli.envs import env_factory
 from collect_cli.errors import ConfigError, PolicyError
-from collect_cli.policies import PolicyFactory
+from collect_cli.policies.build import PolicyFactory
+from collect_cli.policies.mlp import MlpPolicyConfig
+from collect_cli.policies.random import RandomPolicyConfig
+from collect_cli.policies.user import PythonPolicyConfig
 from collect_cli.rollout import RolloutOptions
 
 

@@ -63,7 +63,7 @@ def test_random_actions_drawn_per_batch_equal_those_drawn_per_step(env_id):
     not the RandomPolicy class itself is called every step. Same generator, same seed:
     the same dataset."""
     from collect_cli.collectors import derive_seeds
-    from collect_cli.policies import RandomPolicy
+    from collect_cli.policies.nets import RandomPolicy
 
     per_batch = collect(env_id, seed=5)
     space = env_factory(env_id, 1)().action_space
@@ -145,7 +145,7 @@ def test_iterable_dataset_next_and_endless():
 
 
 def test_state_dict_and_weights_roundtrip():
-    from collect_cli.policies import MlpPolicy
+    from collect_cli.policies.nets import MlpPolicy
 
     env = env_factory("Pendulum-v1", 2)()
     policy = MlpPolicy(env.observation_space, env.action_space, [8])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from collect_cli import config
+from collect_cli import envs
 from collect_cli.cli import _envs_dict
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
@@ -405,7 +405,7 @@ def test_usage_errors(env_id, kwargs, info_keys, message):
 
 
 def test_bad_devices_and_actions_are_refused():
-    with pytest.raises(DeviceError, match="cpu or cuda"):
+    with pytest.raises(DeviceError, match="use cpu, cuda or cuda:N"):
         env_factory("Pendulum-v1", 2, backend="native", device="meta")()
     if not CUDA:
         with pytest.raises(DeviceError, match="CUDA"):
@@ -418,7 +418,7 @@ def test_bad_devices_and_actions_are_refused():
 
 
 def test_backend_is_registered_and_listed():
-    assert "native" in config.ENV_BACKENDS
+    assert "native" in envs.BACKENDS
     listed = {b["name"]: b for b in _envs_dict()["backends"]}
     assert listed["native"]["available"] and listed["native"]["detail"].startswith("torch")
 

@@ -9,9 +9,11 @@ from gymnasium import spaces
 from tensordict import TensorDict
 
 from collect_cli import specs
-from collect_cli.config import MlpPolicyConfig, RandomPolicyConfig
 from collect_cli.errors import PolicyError
-from collect_cli.policies import MlpPolicy, RandomPolicy, build_policy
+from collect_cli.policies.build import build_policy
+from collect_cli.policies.mlp import MlpPolicyConfig
+from collect_cli.policies.nets import MlpPolicy, RandomPolicy
+from collect_cli.policies.random import RandomPolicyConfig
 
 SPACES = [
     spaces.Box(-2, 3, (4,), np.float32),
@@ -61,7 +63,7 @@ def test_random_is_seeded():
 )
 def test_mlp_actions_are_valid(action_space):
     obs_space = spaces.Dict({"x": spaces.Box(-1, 1, (3,)), "k": spaces.Discrete(4)})
-    policy = MlpPolicy(obs_space, action_space, [16, 16], "relu")
+    policy = MlpPolicy(obs_space, action_space, [16, 16], torch.nn.ReLU)
     td = TensorDict(
         {
             ("observation", "x"): torch.randn(32, 3),
@@ -112,7 +114,7 @@ def test_seeded_init_is_reproducible():
 
 
 def test_python_policy_kinds():
-    from collect_cli.config import PythonPolicyConfig
+    from collect_cli.policies.user import PythonPolicyConfig
 
     obs, act = spaces.Box(-1, 1, (3,)), spaces.Box(-2, 2, (1,))
     td = TensorDict({"observation": torch.randn(5, 3)}, batch_size=[5])
@@ -142,7 +144,7 @@ def test_python_policy_kinds():
     ],
 )
 def test_python_policy_errors(target, message):
-    from collect_cli.config import PythonPolicyConfig
+    from collect_cli.policies.user import PythonPolicyConfig
 
     obs, act = spaces.Box(-1, 1, (3,)), spaces.Box(-2, 2, (1,))
     with pytest.raises(PolicyError, match=message):
@@ -150,7 +152,7 @@ def test_python_policy_errors(target, message):
 
 
 def test_torchscript_policy(tmp_path):
-    from collect_cli.config import TorchScriptPolicyConfig
+    from collect_cli.policies.user import TorchScriptPolicyConfig
 
     net = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Tanh()))
     net.save(str(tmp_path / "p.pt"))

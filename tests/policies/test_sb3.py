@@ -17,11 +17,13 @@ import pytest
 import torch
 import yaml
 
-from collect_cli import config, policies
+from collect_cli import config
 from collect_cli.dataformat import ACTION_LOG_PROB, Q_VALUES, VALUE
 from collect_cli.errors import PolicyError, UsageError
-from collect_cli.policies import provenance
-from collect_cli.policies.sb3 import resolve
+from collect_cli.policies import loaders, provenance
+from collect_cli.policies.build import build_policy
+from collect_cli.policies.sb3.locate import resolve
+from collect_cli.policies.sb3.options import Sb3PolicyConfig
 from collect_cli.run import run
 from tests.conftest import run_cli
 
@@ -259,12 +261,12 @@ def test_rl_zoo_folder_checkpoints(models, tmp_path):
     assert record["checkpoint"]["sha256"] == sha256(folder / "best_model.zip")
     assert (record["algorithm"], record["zoo_folder"]) == ("PPO", "CartPole-v1_1")
     for checkpoint, name in (("last", "CartPole-v1.zip"), ("64", "rl_model_64_steps.zip")):
-        cfg = config.Sb3PolicyConfig(path=str(folder), checkpoint=checkpoint)
+        cfg = Sb3PolicyConfig(path=str(folder), checkpoint=checkpoint)
         assert resolve(cfg).model == folder / name
     with pytest.raises(
         PolicyError, match=r"no rl_model_5_steps.zip \(it has CartPole-v1.zip, best"
     ):
-        resolve(config.Sb3PolicyConfig(path=str(folder), checkpoint="5"))
+        resolve(Sb3PolicyConfig(path=str(folder), checkpoint="5"))
 
 
 TIME_FEATURE = "sb3_contrib.common.wrappers.TimeFeatureWrapper"
@@ -308,7 +310,7 @@ def test_rl_zoo_env_wrapper_is_applied_around_each_env(tmp_path):
 def test_rl_zoo_wrappers_and_python_tags_are_refused(models, tmp_path):
     vectorised = zoo_folder(tmp_path / "a", models, {"vec_env_wrapper": [TIME_FEATURE]})
     with pytest.raises(PolicyError, match=r"vec_env_wrapper sb3_contrib\.common\.wrappers"):
-        resolve(config.Sb3PolicyConfig(path=str(vectorised)))
+        resolve(Sb3PolicyConfig(path=str(vectorised)))
     unknown = zoo_folder(tmp_path / "d", models, {"env_wrapper": "nowhere.Wrapper"})
     res = run_cli(
         "run", "env=CartPole", "policy=sb3", f"policy.path={unknown}", "total_frames=64",
@@ -319,14 +321,14 @@ def test_rl_zoo_wrappers_and_python_tags_are_refused(models, tmp_path):
     assert not (tmp_path / "u.h5").exists()
     stacked = zoo_folder(tmp_path / "b", models, {"frame_stack": 4})
     with pytest.raises(PolicyError, match="frame_stack=4"):
-        resolve(config.Sb3PolicyConfig(path=str(stacked)))
+        resolve(Sb3PolicyConfig(path=str(stacked)))
     hostile = zoo_folder(tmp_path / "c", models)
     marker = tmp_path / "ran"
     (hostile / "CartPole-v1" / "config.yml").write_text(
         f"!!python/object/apply:os.system ['touch {marker}']\n"
     )
     with pytest.raises(PolicyError, match="cannot read RL Zoo file"):
-        resolve(config.Sb3PolicyConfig(path=str(hostile)))
+        resolve(Sb3PolicyConfig(path=str(hostile)))
     assert not marker.exists()
 
 
@@ -349,11 +351,11 @@ def test_mismatched_model_is_a_usage_error_naming_both_spaces(models, tmp_path):
     assert "(4,)" in lines[0] and "(3,)" in lines[0]
     assert not out.exists()
     obs_space, act_space = gym.make("CartPole-v1").observation_space, gym.spaces.Discrete(3)
-    cfg = config.Sb3PolicyConfig(path=str(models["ppo"]))
+    cfg = Sb3PolicyConfig(path=str(models["ppo"]))
     with pytest.raises(
         PolicyError, match=r"action space Discrete\(2\) does not match.*Discrete\(3\)"
     ):
-        policies.build_policy(cfg, obs_space, act_space, torch.device("cpu"), 0)
+        build_policy(cfg, obs_space, act_space, torch.device("cpu"), 0)
 
 
 def test_without_sb3_the_error_says_what_to_install(models, tmp_path):
@@ -409,15 +411,15 @@ def test_export_program_drives_a_run(tmp_path):
     assert record["checkpoint"]["sha256"] == sha256(tmp_path / "policy.pt2")
     (tmp_path / "junk.pt2").write_bytes(b"junk")
     with pytest.raises(PolicyError, match=r"is not a torch\.export program"):
-        policies.load_export_policy(str(tmp_path / "junk.pt2"))
+        loaders.load_export_policy(str(tmp_path / "junk.pt2"))
 
 
 def test_torchscript_says_once_that_it_is_deprecated(tmp_path, caplog, monkeypatch):
     torch.jit.save(torch.jit.script(torch.nn.Linear(3, 1)), tmp_path / "p.pt")
-    monkeypatch.setattr(policies, "_torchscript_noted", False)
+    monkeypatch.setattr(loaders, "_torchscript_noted", False)
     with caplog.at_level(logging.WARNING, logger="rlcollect"):
-        policies.load_torchscript_policy(str(tmp_path / "p.pt"))
-        policies.load_torchscript_policy(str(tmp_path / "p.pt"))
+        loaders.load_torchscript_policy(str(tmp_path / "p.pt"))
+        loaders.load_torchscript_policy(str(tmp_path / "p.pt"))
     notes = [r for r in caplog.records if "TorchScript is deprecated" in r.getMessage()]
     assert len(notes) == 1
     assert "policy=export" in notes[0].getMessage()
@@ -517,7 +519,7 @@ def test_more_algorithms_match_predict(tmp_path, algo, preset, extra):
     model = cls("MlpPolicy", env_id, seed=0, device="cpu", policy_kwargs=dict(SMALL), **kwargs)
     model.learn(16)
     model.save(tmp_path / "m.zip")
-    assert resolve(config.Sb3PolicyConfig(path=str(tmp_path / "m.zip"))).algo == algo
+    assert resolve(Sb3PolicyConfig(path=str(tmp_path / "m.zip"))).algo == algo
     path = collect(
         tmp_path, "m", f"env={preset}", "policy=sb3", f"policy.path={tmp_path / 'm.zip'}"
     )

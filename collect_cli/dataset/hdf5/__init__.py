@@ -4,11 +4,6 @@ Frame keys are datasets shaped ``[lanes, time, ...]`` growing along ``time``
 (allocated ahead while the run goes on, cut to the steps written at close);
 ``episodes/<column>`` are 1-D datasets; metadata lives in the root attributes
 (dicts as JSON strings). Opens with plain h5py and ``PersistentTensorDict.from_h5``.
+``api.py`` is what the registry (``dataset/backend.py``) uses; ``options.py`` its
+options, imported with the registry (so this package imports nothing itself).
 """
-
-from collect_cli.dataset.hdf5.attrs import lanes_limit
-from collect_cli.dataset.hdf5.read import describe_keys, load, read_array, read_meta, reader
-from collect_cli.dataset.hdf5.write import Hdf5Writer
-
-WRITER = Hdf5Writer
-__all__ = ["WRITER", "describe_keys", "lanes_limit", "load", "read_array", "read_meta", "reader"]

@@ -9,17 +9,6 @@ files. Each directory holds the ``meta.json`` tensordict reads; rlcollect's
 own metadata is ``rlcollect.json``. A commit writes the data, then replaces the
 JSON files atomically, so a reader (or a run resumed after ``kill -9``) never
 sees metadata ahead of the data; closing also ``msync``/``fsync``s everything.
+``api.py`` is what the registry (``dataset/backend.py``) uses; ``options.py`` its
+options, imported with the registry (so this package imports nothing itself).
 """
-
-from collect_cli.dataset.memmap.read import (
-    describe_keys,
-    lanes_limit,
-    load,
-    read_array,
-    read_meta,
-    reader,
-)
-from collect_cli.dataset.memmap.write import MemmapWriter
-
-WRITER = MemmapWriter
-__all__ = ["WRITER", "describe_keys", "lanes_limit", "load", "read_array", "read_meta", "reader"]
