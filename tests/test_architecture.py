@@ -133,3 +133,13 @@ def test_key_names_come_from_the_format_module():
                 if value in tuples:
                     found.append(f"{path.name}:{node.lineno} {value!r}")
     assert not found, "dataset key literals outside dataformat.py:\n" + "\n".join(found)
+
+
+def test_every_folder_is_a_package_the_wheel_ships():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    shipped = set(pyproject["tool"]["setuptools"]["packages"]) - {"collect_cli.conf"}
+    folders = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert "collect_cli.dataset.hdf5" in folders  # the scan is armed
+    assert shipped == folders, f"pyproject.toml lacks {folders - shipped}, lists {shipped - folders}"

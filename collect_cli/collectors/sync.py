@@ -43,8 +43,7 @@ from collect_cli.collectors.base import (
 )
 from collect_cli.collectors.device import DeviceBuffers, DevicePathMixin, steps_on_device
 from collect_cli.config_checks import check_batch_memory
-from collect_cli.envs import VecEnv
-from collect_cli.envs.base import StepResult
+from collect_cli.envs.base import StepResult, VecEnv
 from collect_cli.errors import ConfigError, PolicyError, RlcollectError
 from collect_cli.policies.build import PolicyFactory
 from collect_cli.policies.exploration import interaction

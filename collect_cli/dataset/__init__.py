@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from collect_cli import dataformat as fmt
-from collect_cli import specs
 from collect_cli.dataset.backend import BACKENDS, backend, make_writer
 from collect_cli.dataset.ownership import check_output, missing_dataset, shown, what_is
 from collect_cli.errors import OutputError
@@ -134,6 +133,8 @@ class Dataset:
             with self.reader() as read:
                 array = np.asarray(read(key))
         if fmt.key_of(key) in fmt.text_keys(self.meta):
+            from collect_cli import specs  # gymnasium: not for `run --help`, which lists backends
+
             return specs.decode_text(array)
         return array
 

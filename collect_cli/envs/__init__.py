@@ -9,10 +9,9 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from collect_cli.envs.base import StepResult, VecEnv
 from collect_cli.errors import UsageError
 
-__all__ = ["BACKENDS", "EnvBackend", "EnvFactory", "StepResult", "VecEnv", "env_factory"]
+__all__ = ["BACKENDS", "EnvBackend", "EnvFactory", "available", "env_factory"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class EnvFactory:
     device: str = "cpu"  # where env.backend=native runs (the others ignore it)
     wrappers: tuple[tuple[str, dict[str, Any]], ...] = ()  # gymnasium: around each env
 
-    def __call__(self) -> VecEnv:
+    def __call__(self):  # -> envs.base.VecEnv
         module, _, name = BACKENDS[self.backend].vec_env.partition(":")
         cls = getattr(importlib.import_module(module), name)
         return cls(

@@ -178,7 +178,7 @@ def test_missing_envpool_is_a_usage_error(monkeypatch):
 def test_envs_lists_envpool_with_its_version():
     import envpool
 
-    from collect_cli.cli import _envs_dict
+    from collect_cli.cli.datasets import _envs_dict
 
     backends = {b["name"]: b for b in _envs_dict()["backends"]}
     assert backends["envpool"] == {

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from collect_cli import envs
-from collect_cli.cli import _envs_dict
+from collect_cli.cli.datasets import _envs_dict
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.envs.native import NativeVecEnv

@@ -1,0 +1,350 @@
+"""The commands on datasets: ``info``, ``validate``, ``export``, ``merge``, ``report``,
+``card``, and ``envs`` (what this machine can collect from)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from collect_cli.cli.app import app, guarded
+from collect_cli.errors import (
+    EXIT_OK,
+    EXIT_RUNTIME,
+)
+
+
+@app.command()
+@guarded
+def info(
+    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> int:
+    """Show what is in a dataset: frames, episodes, returns, keys, size, status, config."""
+
+    from collect_cli.dataset import open_dataset
+    from collect_cli.ops.summary import summarize
+
+    data = summarize(open_dataset(path))
+    if as_json:
+        print(json.dumps(data, indent=2))
+    else:
+        _print_info(data)
+    return EXIT_OK
+
+
+@app.command()
+@guarded
+def validate(
+    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+) -> int:
+    """Check a dataset's integrity; exit 0 only if it is sound, 1 with what is wrong."""
+
+    from collect_cli.dataset import locate
+    from collect_cli.ops.validate import check as check_dataset
+
+    locate(path)  # nothing there, or no file or folder (a FIFO, a loop): exit 2
+    problems, notes = check_dataset(path)
+    for note in notes:
+        print(f"rlcollect: note: {path}: {note}", file=sys.stderr)
+    if not problems:
+        print(f"ok: {path} is sound")
+        return EXIT_OK
+    for problem in problems:
+        print(f"{path}: {problem}")
+    return EXIT_RUNTIME
+
+
+_EXPORT_HELP = """Export a dataset (.h5 file or memmap dir) to D4RL or Minari.
+
+\b
+d4rl:    one HDF5 file: observations actions rewards next_observations
+         terminals timeouts, infos/ (policy extras, info keys, traj_id),
+         metadata/ (env id, config, seed, spaces, source...). Dict/Tuple
+         spaces become groups: observations/<key>, actions/<index>.
+minari:  a Minari dataset directory (pip install 'rlcollect\\[export]').
+         --out ROOT/NAMESPACE/NAME-vN makes the id NAMESPACE/NAME-vN:
+         MINARI_DATASETS_PATH=ROOT, then minari.load_dataset(id).
+\b
+Episodes are contiguous (lane by lane, in time order); padding is never
+exported. An episode cut by the end of the run (or by a kill) ends with
+a timeout (Minari: a truncation) at its last step; --drop-incomplete
+leaves such episodes out. A running or interrupted dataset exports its
+committed frames. The stdout line is a JSON summary. Exit codes: 0 done,
+1 runtime failure or a dataset failing validation, 2 bad usage.
+"""
+
+
+@app.command(help=_EXPORT_HELP)
+@guarded
+def export(
+    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="d4rl or minari.")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="d4rl: the .hdf5 file; minari: the dataset dir.")
+    ],
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --out.")
+    ] = False,
+    drop_incomplete: Annotated[
+        bool, typer.Option("--drop-incomplete", help="Leave out episodes cut by the end.")
+    ] = False,
+    compression: Annotated[
+        str, typer.Option("--compression", help="d4rl: none, gzip or lzf.")
+    ] = "none",
+    dataset_id: Annotated[
+        str | None,
+        typer.Option("--dataset-id", help="minari: the id (default: the last 2 parts of --out)."),
+    ] = None,
+) -> int:
+    from collect_cli.ops.export import export as export_dataset
+
+    logging.basicConfig(format="rlcollect: %(levelname)s: %(message)s", stream=sys.stderr)
+    result = export_dataset(
+        path,
+        fmt,
+        out,
+        overwrite=overwrite,
+        drop_incomplete=drop_incomplete,
+        compression=compression,
+        dataset_id=dataset_id,
+    )
+    if result.source_status != "complete":
+        fate = "dropped" if drop_incomplete else f"ending with a {result.incomplete}"
+        print(
+            f"rlcollect: note: {path} is {result.source_status}: exported its committed "
+            f"frames ({result.incomplete_episodes} incomplete episodes {fate})",
+            file=sys.stderr,
+        )
+    print(json.dumps(result.as_dict()), flush=True)
+    return EXIT_OK
+
+
+@app.command()
+@guarded
+def merge(
+    shards: Annotated[
+        list[Path], typer.Argument(help="Datasets to merge (the shards of a sweep), in order.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The merged dataset to write.")],
+    copy: Annotated[
+        bool,
+        typer.Option(
+            "--copy", help="HDF5: copy the frames (a self-contained file), not link them."
+        ),
+    ] = False,
+    allow_incomplete: Annotated[
+        bool,
+        typer.Option("--allow-incomplete", help="Merge shards that did not complete, too."),
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace --out if it exists.")
+    ] = False,
+) -> int:
+    """Merge shards into one dataset: lanes concatenated, traj ids made unique.
+
+    HDF5 shards become virtual datasets (zero-copy; shard paths stored relative to
+    the merged file) unless --copy; memmap shards are copied. Prints a JSON summary.
+    """
+
+    from collect_cli.ops.merge import merge as merge_shards
+
+    result = merge_shards(
+        shards, out, copy=copy, allow_incomplete=allow_incomplete, overwrite=overwrite
+    )
+    print(json.dumps(result), flush=True)
+    return EXIT_OK
+
+
+_REPORT_HELP = """See datasets: one self-contained HTML page of plots (or PNG files, or JSON).
+
+\b
+Sections: summary table (one column per dataset), episode return and length
+histograms, return against episode order, per-dimension distributions of
+actions and observations (a sample of frames), image frames of one episode,
+padding/mask statistics and per-lane counts. Several PATHs are overlaid, one
+colour each. Needs matplotlib (pip install 'rlcollect\\[report]') except --json.
+Exit codes: 0 done, 1 unreadable dataset, 2 bad usage or missing dataset.
+"""
+
+
+def _datasets_stats(paths: list[Path]) -> list[Any]:
+    from collect_cli.report.stats import dataset_stats
+
+    return [dataset_stats(p) for p in paths]
+
+
+@app.command(help=_REPORT_HELP)
+@guarded
+def report(
+    paths: Annotated[list[Path], typer.Argument(help="Datasets (.h5 files or memmap dirs).")],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="html: the page (report.html); png: a folder (report)."),
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="html or png.")] = "html",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the numbers behind the plots; write nothing.")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out.")] = False,
+) -> int:
+    from collect_cli.errors import UsageError
+
+    if fmt not in ("html", "png"):
+        raise UsageError(f"unknown report format {fmt!r}: choose from html, png")
+    if as_json:
+        stats = _datasets_stats(paths)
+        print(json.dumps([s.as_dict() for s in stats], indent=2))
+        return EXIT_OK
+    from collect_cli.dataset.ownership import claim
+    from collect_cli.report import html as report_html
+
+    dest = out or Path("report.html" if fmt == "html" else "report")
+    with claim(dest, "rlcollect report"):
+        replaces = report_html.check_out(dest, paths, overwrite, as_dir=fmt == "png")
+        report_html.require_matplotlib()  # the install hint before any dataset is read
+        stats = _datasets_stats(paths)
+        if fmt == "html":
+            page = report_html.render_html(stats).encode("utf-8")
+            report_html.write_atomic(dest, page, replaces)
+        else:
+            report_html.write_atomic(dest, report_html.render_pngs(stats), replaces)
+    for s in stats:
+        for note in s.notes:
+            print(f"rlcollect: note: {note}", file=sys.stderr)
+    print(json.dumps({"path": str(dest), "format": fmt, "datasets": [str(p) for p in paths]}))
+    return EXIT_OK
+
+
+@app.command()
+@guarded
+def card(
+    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write the card here (default: stdout).")
+    ] = None,
+    license_id: Annotated[
+        str | None,
+        typer.Option("--license", help="License id for the front matter (default: unknown)."),
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out.")] = False,
+) -> int:
+    """Write a Markdown dataset card (Hugging Face front matter, summary, schema, loading code)."""
+
+    from collect_cli.dataset.ownership import check_destination, claim
+    from collect_cli.report.card import is_card, render_card
+    from collect_cli.report.stats import dataset_stats
+
+    if out is None:
+        print(render_card(path, dataset_stats(path), Path.cwd(), license_id), end="")
+        return EXIT_OK
+    from collect_cli.report.html import write_atomic
+
+    with claim(out, "rlcollect card"):
+        replaces = check_destination(
+            out, overwrite=overwrite, inputs=[path], kind="a card", replaceable=is_card
+        )
+        text = render_card(path, dataset_stats(path), out.absolute().parent, license_id)
+        write_atomic(out, text.encode("utf-8"), replaces)
+    return EXIT_OK
+
+
+def _print_info(data: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    summary = Table(show_header=False, box=None)
+    for field in (
+        "path",
+        "backend",
+        "status",
+        "env_id",
+        "policy",
+        "seed",
+        "frames",
+        "lanes",
+        "steps",
+        "episodes",
+        "complete_episodes",
+        "size_bytes",
+        "start_time",
+        "end_time",
+    ):
+        summary.add_row(field, str(data[field]))
+    from collect_cli.ops.summary import codec_words, layout_words
+
+    summary.add_row("layout", layout_words(data))
+    codec = data["codec"] or {}
+    plugin = f" (other readers: import {codec['plugin']})" if codec.get("plugin") else ""
+    summary.add_row("codec", codec_words(data) + plugin)
+    if data["return"]:
+        r = data["return"]
+        summary.add_row(
+            "return",
+            f"mean {r['mean']:.3f}  std {r['std']:.3f}  min {r['min']:.3f}  max {r['max']:.3f}",
+        )
+    if data.get("normalized_score") is not None:
+        summary.add_row(
+            "normalized_score", f"{data['normalized_score']:.1f} (D4RL: 0 min, 100 max)"
+        )
+    record = {k: v for k, v in (data.get("provenance") or {}).items() if k != "policy"}
+    for key, value in (*record.items(), *(data.get("dataset") or {}).items()):
+        if isinstance(value, dict):
+            value = "  ".join(f"{k} {v}" for k, v in value.items())
+        summary.add_row(key, str(value))
+    console.print(summary)
+    keys = Table("key", "shape", "dtype", title="arrays")
+    for item in data["keys"]:
+        keys.add_row(item["key"], str(tuple(item["shape"])), item["dtype"])
+    console.print(keys)
+    if data["config"]:
+        console.print("config:", style="bold")
+        console.print(data["config"], markup=False, highlight=False)
+
+
+@app.command()
+@guarded
+def envs(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> int:
+    """List env presets, the env backends available here, and whether CUDA is."""
+
+    data = _envs_dict()
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("preset", "env id", "usage", title="env presets")
+    for p in data["presets"]:
+        table.add_row(p["name"], p["id"] or "(any: env.id=...)", p["usage"])
+    console = Console()
+    console.print(table)
+    for b in data["backends"]:
+        state = "available" if b["available"] else f"missing ({b['detail']})"
+        console.print(f"backend {b['name']}: {state}", highlight=False)
+    cuda = data["cuda"]
+    devices = ", ".join(cuda["devices"]) or "none"
+    console.print(
+        f"cuda: {'available' if cuda['available'] else 'not available'} (devices: {devices})",
+        highlight=False,
+    )
+    return EXIT_OK
+
+
+def _envs_dict() -> dict[str, Any]:
+    from collect_cli import config, envs
+    from collect_cli.devices import cuda_devices
+
+    devices = cuda_devices()
+    return {
+        "presets": config.env_presets(),
+        "backends": envs.available(),
+        "cuda": {"available": bool(devices), "devices": devices},
+    }
