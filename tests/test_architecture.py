@@ -142,4 +142,4 @@ def test_every_folder_is_a_package_the_wheel_ships():
     shipped = set(pyproject["tool"]["setuptools"]["packages"]) - {"collect_cli.conf"}
     folders = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
     assert "collect_cli.dataset.hdf5" in folders  # the scan is armed
-    assert shipped == folders, f"pyproject.toml lacks {folders - shipped}, lists {shipped - folders}"
+    assert shipped == folders, f"missing {folders - shipped}, gone {shipped - folders}"
