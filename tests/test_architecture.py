@@ -4,6 +4,7 @@ the dataset's key names written in one module (``collect_cli/dataformat.py``).""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,9 @@ FOLDERS = {p.name for p in (Path(__file__).parent.parent / "collect_cli").iterdi
 APART = [("collectors", "dataset"), ("collectors", "ops"), ("dataset", "collectors")]
 
 
+MODULE_PATH = re.compile(r"(collect_cli(?:\.[A-Za-z_]\w*)+)(?::\w+)?")
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -59,6 +63,9 @@ def imports(path: Path) -> set[str]:
                 found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("collect_cli")}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = MODULE_PATH.fullmatch(node.value)  # a registry's "module:NAME"
+            found |= {match.group(1)} if match else set()
     return found
 
 

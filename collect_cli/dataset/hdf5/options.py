@@ -37,3 +37,6 @@ def check(options: Hdf5WriterConfig) -> None:
             f"writer.compression={name} needs {PLUGIN}: pip install {PLUGIN} "
             "(or choose gzip or lzf)"
         )
+
+
+OPTIONS = Hdf5WriterConfig

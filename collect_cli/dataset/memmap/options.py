@@ -10,3 +10,6 @@ from collect_cli.schema import WriterConfig
 @dataclass
 class MemmapWriterConfig(WriterConfig):
     name: str = "memmap"
+
+
+OPTIONS = MemmapWriterConfig
