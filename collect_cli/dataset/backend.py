@@ -1,6 +1,7 @@
 """The storage backends, one line each in :data:`BACKENDS`: ``writer=<name>`` picks one.
 
-A backend is a package (``dataset/<name>/``) with two modules:
+A backend is a package (``dataset/<name>/``) with two modules (a one-module
+backend holds both parts itself):
 
 - ``options.py``: ``OPTIONS``, its options class (Hydra's ``writer=<name>``, a
   :class:`~collect_cli.schema.WriterConfig`), and optionally ``check(options)``
@@ -29,18 +30,25 @@ from collect_cli.errors import OutputError
 
 @dataclass(frozen=True)
 class Backend:
-    package: str  # dataset/<name>/: its options.py and api.py
+    package: str  # dataset/<name>/: its options.py and api.py (or one module with both)
     suffix: str  # of a dataset's default path: a file ".h5", a directory ""
     is_dir: bool  # a dataset is a directory (else a file)
     links: bool = False  # a merge may map the shards' frame arrays instead of copying them
 
+    def part(self, name: str) -> ModuleType:
+        """Its ``options`` or ``api`` module: the package's, or the one module itself."""
+        module = importlib.import_module(self.package)
+        if hasattr(module, "__path__"):
+            return importlib.import_module(f"{self.package}.{name}")
+        return module
+
     @property
     def options(self) -> type:
-        return importlib.import_module(f"{self.package}.options").OPTIONS
+        return self.part("options").OPTIONS
 
     def check(self, options: Any) -> None:
         """Its options' values: a ConfigError for what it cannot write."""
-        check = getattr(importlib.import_module(f"{self.package}.options"), "check", None)
+        check = getattr(self.part("options"), "check", None)
         if check is not None:
             check(options)
 
@@ -55,7 +63,7 @@ def backend(name: str) -> ModuleType:
     """The ``api`` module of backend ``name`` (imported on first use)."""
     if name not in BACKENDS:
         raise OutputError(f"unknown writer {name!r}: choose from {', '.join(BACKENDS)}")
-    return importlib.import_module(f"{BACKENDS[name].package}.api")
+    return BACKENDS[name].part("api")
 
 
 def make_writer(name: str, path: str | Path, **kwargs: Any):
