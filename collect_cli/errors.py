@@ -73,3 +73,15 @@ def exit_code(outcome: BaseException | str) -> int:
     if isinstance(outcome, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     return EXIT_RUNTIME
+
+
+def exit_cause(code: int | None) -> str:
+    """How a child process ended, from its exit code, as the end of a sentence."""
+    if code is None:
+        return "is gone"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

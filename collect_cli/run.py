@@ -21,6 +21,7 @@ from typing import Any
 
 from collect_cli import __version__, specs
 from collect_cli.config import Settings
+from collect_cli.dataformat import COMPLETE, INTERRUPTED
 from collect_cli.devices import resolve_device
 from collect_cli.errors import ConfigError, OutputError
 from collect_cli.policies import provenance
@@ -260,11 +261,9 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
             f"cannot resume {str(settings.out)!r}: it is a merged dataset; resume each shard "
             "(resume=true out=SHARD), then merge them again"
         )
-    if meta.get("status") == "complete":
+    if meta.get("status") == COMPLETE:
         log.info("%s is complete: nothing to resume", settings.out)
-        return RunResult(
-            str(settings.out), done, int(meta.get("episodes", 0)), 0.0, 0.0, "complete"
-        )
+        return RunResult(str(settings.out), done, int(meta.get("episodes", 0)), 0.0, 0.0, COMPLETE)
     # durability D20: continue only what validates (a resume seals the dataset)
     problems = validate(settings.out)
     if problems:
@@ -329,10 +328,8 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
                     "checkpoint)"
                 )
             if remaining == 0:
-                sink.close("complete")
-                return RunResult(
-                    str(settings.out), sink.frames, sink.episodes, 0.0, 0.0, "complete"
-                )
+                sink.close(COMPLETE)
+                return RunResult(str(settings.out), sink.frames, sink.episodes, 0.0, 0.0, COMPLETE)
             return _drive(collector, sink, settings, progress)
         finally:
             collector.shutdown()
@@ -401,7 +398,7 @@ def _drive(collector, sink, settings: Settings, progress: ProgressFn | None) -> 
     flag = StopFlag()
     recent: deque[float] = deque(maxlen=100)
     frames_before = sink.frames  # a resumed dataset already holds these
-    status = "complete"
+    status = COMPLETE
 
     def report() -> None:
         if progress is not None:
@@ -428,7 +425,7 @@ def _drive(collector, sink, settings: Settings, progress: ProgressFn | None) -> 
             pump(sink, collector.iter_with_lanes(), lambda: flag.raised)
             if flag.raised:
                 log.warning("%s received: dataset flushed, stopping", flag.signal_name)
-                status = "interrupted"
+                status = INTERRUPTED
             recent.extend(sink.flush())
     except BaseException as exc:
         sink.abort()  # while the collector's buffers still hold the batches submitted

@@ -256,7 +256,7 @@ class WriterProcess:
                 return payload
 
     def _gone(self) -> WriteError:
-        from collect_cli.collectors.multiprocess import exit_cause
+        from collect_cli.errors import exit_cause
 
         self._proc.join(1.0)
         return WriteError(

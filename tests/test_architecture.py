@@ -150,3 +150,42 @@ def test_every_folder_is_a_package_the_wheel_ships():
     folders = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
     assert "collect_cli.dataset.hdf5" in folders  # the scan is armed
     assert shipped == folders, f"missing {folders - shipped}, gone {shipped - folders}"
+
+
+def status_uses(tree: ast.AST) -> list[ast.Constant]:
+    """String constants used as a dataset status: compared, a parameter's default,
+    assigned to a ``*status*`` name, a ``"status"`` entry's value, or passed to ``close``."""
+    uses: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            uses += [node.left, *node.comparators]
+        elif isinstance(node, ast.arguments):
+            uses += [*node.defaults, *node.kw_defaults]
+        elif isinstance(node, ast.Assign) and any("status" in ast.unparse(t) for t in node.targets):
+            uses.append(node.value)
+        elif isinstance(node, ast.Dict):
+            uses += [v for k, v in zip(node.keys, node.values, strict=True) if k is not None
+                     and isinstance(k, ast.Constant) and k.value == "status"]  # fmt: skip
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("close"):
+            uses += node.args
+        elif isinstance(node, ast.IfExp):
+            uses += [node.body, node.orelse]
+    return [u for u in uses if isinstance(u, ast.Constant) and u.value in fmt.STATUSES]
+
+
+def test_status_names_come_from_the_format_module():
+    assert status_uses(ast.parse('s = "complete"\nif x == "running": f.close("interrupted")'))
+    found = [
+        f"{path.name}:{node.lineno} {node.value!r}"
+        for name, path in MODULES.items()
+        if name != "collect_cli.dataformat"
+        for node in status_uses(ast.parse(path.read_text()))
+    ]
+    assert not found, "use dataformat.RUNNING / COMPLETE / INTERRUPTED:\n" + "\n".join(found)
+
+
+def test_no_module_is_over_500_lines():
+    long = {
+        name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 500
+    }
+    assert not long, f"split these by what they do: {long}"

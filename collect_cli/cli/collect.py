@@ -197,7 +197,7 @@ def _run(overrides: list[str]) -> int:
             "seconds": round(time.perf_counter() - started, 3),
             "frames_per_s": 0.0,
             "status": INTERRUPTED if stopped else FAILED,
-            "error": "interrupted" if stopped else str(exc),
+            "error": INTERRUPTED if stopped else str(exc),
             "exit_code": EXIT_INTERRUPTED if stopped else exit_code(exc),
         }
         print(json.dumps(line), flush=True)

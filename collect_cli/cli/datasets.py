@@ -101,6 +101,7 @@ def export(
         typer.Option("--dataset-id", help="minari: the id (default: the last 2 parts of --out)."),
     ] = None,
 ) -> int:
+    from collect_cli.dataformat import COMPLETE
     from collect_cli.ops.export import export as export_dataset
 
     logging.basicConfig(format="rlcollect: %(levelname)s: %(message)s", stream=sys.stderr)
@@ -113,7 +114,7 @@ def export(
         compression=compression,
         dataset_id=dataset_id,
     )
-    if result.source_status != "complete":
+    if result.source_status != COMPLETE:
         fate = "dropped" if drop_incomplete else f"ending with a {result.incomplete}"
         print(
             f"rlcollect: note: {path} is {result.source_status}: exported its committed "

@@ -28,12 +28,12 @@ import torch
 from tensordict import TensorDictBase
 
 from collect_cli import dataformat as fmt
-from collect_cli import errors, specs
+from collect_cli import specs
 from collect_cli.collectors.base import CollectorBase, derive_seeds
 from collect_cli.collectors.shared import SharedStores
-from collect_cli.collectors.worker import WorkerSpec, worker_main
+from collect_cli.collectors.worker import WorkerSpec, worker_error, worker_main
 from collect_cli.envs import EnvFactory
-from collect_cli.errors import STOP_SIGNALS, CollectionError
+from collect_cli.errors import STOP_SIGNALS, CollectionError, exit_cause
 from collect_cli.rollout import RolloutOptions
 from collect_cli.threads import CpuFollower
 
@@ -54,30 +54,6 @@ def _shutdown_live() -> None:
     for collector in list(_LIVE):
         with contextlib.suppress(Exception):
             collector.shutdown()
-
-
-def exit_cause(code: int | None) -> str:
-    """How a child process ended, from its exit code, as the end of a sentence."""
-    if code is None:
-        return "is gone"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def _worker_error(index: int, pid: int | None, kind: str, message: str, trace: str):
-    """Rebuild a worker's exception: usage errors stay usage errors (exit 2)."""
-    cls = getattr(errors, kind, None)
-    text = f"worker {index} (pid {pid}) failed: {kind}: {message}"
-    if isinstance(cls, type) and issubclass(cls, errors.UsageError):
-        exc: errors.RlcollectError = cls(message)
-    else:
-        exc = CollectionError(text)
-    exc.worker_traceback = trace  # type: ignore[attr-defined]
-    return exc
 
 
 class _MultiCollector(CollectorBase):
@@ -245,7 +221,7 @@ class _MultiCollector(CollectorBase):
                     except (EOFError, OSError):
                         continue  # the sentinel tells why
                     if message[0] == "error":
-                        raise _worker_error(index, self._procs[index].pid, *message[1])
+                        raise worker_error(index, self._procs[index].pid, *message[1])
                     if message[0] == "batch":
                         self._got[index] += 1
                         self._arrivals += 1

@@ -5,13 +5,7 @@ Frame accounting (as in TorchRL): each batch holds ``lanes * ceil(frames_per_bat
 have been produced (``-1``: forever). ``collector/traj_ids`` gets a fresh id
 at every reset; ids are ``traj_id_start + k * traj_id_stride`` for k = 0, 1, ...
 
-Rollout options (:class:`~collect_cli.rollout.RolloutOptions`, as in TorchRL):
-``max_frames_per_traj`` truncates episodes (``truncated`` True, ``step_count``
-recorded); ``init_random_frames`` takes uniformly random actions for the first
-frames (whole steps of all lanes); ``reset_at_each_iter`` resets every env when a
-batch starts; with ``reset_when_done=False`` an episode end does not start a new
-trajectory id (the env itself still restarts: gymnasium cannot step a finished
-env); ``exploration_type`` is the interaction type the policy runs under.
+Rollout options: :class:`~collect_cli.rollout.RolloutOptions` says what each does.
 
 Batches are filled in place in preallocated buffers. By default each yielded
 batch is a copy; with ``return_same_td=True`` it is the buffer itself, valid
@@ -50,14 +44,6 @@ from collect_cli.policies.exploration import interaction
 from collect_cli.policies.nets import RandomPolicy, tensor_policy, torch_dtype
 from collect_cli.rollout import RolloutOptions
 from collect_cli.threads import intra_op_threads, serial
-
-
-def _host(x: torch.Tensor) -> np.ndarray:
-    """A policy output as a numpy array (a view for CPU tensors; the rollout runs
-    under ``no_grad``, so nothing requires grad unless the policy forces it)."""
-    if x.is_cpu and not x.requires_grad:
-        return x.numpy()
-    return x.detach().cpu().numpy()
 
 
 class SyncCollector(DevicePathMixin, CollectorBase):
@@ -243,8 +229,11 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         """Policy outputs as host arrays. From a CUDA policy they are copied into
         pinned buffers asynchronously, with one sync for all of them; the arrays
         are valid until the next step's outputs."""
-        if self.device.type != "cuda":
-            return [_host(x) for x in values]
+        if self.device.type != "cuda":  # CPU tensors: views (no grad under the rollout)
+            return [
+                x.numpy() if x.is_cpu and not x.requires_grad else x.detach().cpu().numpy()
+                for x in values
+            ]
         pinned = getattr(self, "_pinned_out", None)
         if pinned is None or any(
             p.shape != x.shape or p.dtype != x.dtype for p, x in zip(pinned, values, strict=True)

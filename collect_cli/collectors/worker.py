@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collect_cli import dataformat as fmt
+from collect_cli import errors
 from collect_cli.envs import EnvFactory
+from collect_cli.errors import CollectionError
 from collect_cli.rollout import RolloutOptions
 
 PARENT_POLL_S = 1.0
@@ -135,3 +137,15 @@ def _send_error(conn, exc: BaseException) -> None:
         trace = "".join(traceback.format_exception(cause)) + trace
     with contextlib.suppress(OSError, EOFError):
         conn.send(("error", (type(exc).__name__, message, trace)))
+
+
+def worker_error(index: int, pid: int | None, kind: str, message: str, trace: str):
+    """Rebuild a worker's exception: usage errors stay usage errors (exit 2)."""
+    cls = getattr(errors, kind, None)
+    text = f"worker {index} (pid {pid}) failed: {kind}: {message}"
+    if isinstance(cls, type) and issubclass(cls, errors.UsageError):
+        exc: errors.RlcollectError = cls(message)
+    else:
+        exc = CollectionError(text)
+    exc.worker_traceback = trace  # type: ignore[attr-defined]
+    return exc

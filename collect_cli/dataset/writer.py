@@ -396,7 +396,7 @@ class Writer(abc.ABC):
         """Start writing the frames stored so far to the device (:func:`start_write_back`)."""
 
     # durability D11 (docs/durability.md)
-    def close(self, status: str = "complete") -> None:
+    def close(self, status: str = fmt.COMPLETE) -> None:
         """Record the running episodes as incomplete, set ``status`` and commit."""
         if self._closed:
             return

@@ -148,7 +148,7 @@ def _check(shards: list[Shard], allow_incomplete: bool) -> None:
     for shard in shards:
         p = str(shard.path)
         status = shard.meta["status"]
-        if status != "complete" and not allow_incomplete:
+        if status != fmt.COMPLETE and not allow_incomplete:
             raise MergeError(
                 f"shard {p!r} is not complete (status {status}): pass --allow-incomplete "
                 "to merge the frames it committed, or leave it out"
@@ -223,9 +223,9 @@ def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dic
         # the oldest shard's rules hold for the whole (version 1: cuts unflagged)
         "format_version": min(int(s.meta["format_version"]) for s in shards),
         "backend": shards[0].ds.backend,
-        "status": "complete"
-        if all(s.meta["status"] == "complete" for s in shards)
-        else "interrupted",
+        "status": fmt.COMPLETE
+        if all(s.meta["status"] == fmt.COMPLETE for s in shards)
+        else fmt.INTERRUPTED,
         "rlcollect_version": __version__,
         "versions": first.get("versions"),
         "env_id": first["env_id"],

@@ -95,7 +95,7 @@ def _stats(ds: Dataset) -> Stats:
     ret = fmt.return_stats(rows)
     notes = []
     status = meta.get("status")
-    if status != "complete":
+    if status != fmt.COMPLETE:
         notes.append(
             f"{ds.path.name} is {status}: this report shows the frames committed so far "
             f"({meta.get('frames', 0)} frames, {count} episodes)"

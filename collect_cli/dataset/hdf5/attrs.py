@@ -200,7 +200,7 @@ def read_commit(attrs: h5py.AttributeManager) -> dict[str, Any] | None:
 def file_meta(attrs: h5py.AttributeManager) -> tuple[dict[str, Any], int]:
     """The metadata with the counters of the last whole commit, and its sequence number."""
     meta = decode_attrs(attrs)
-    meta.setdefault("status", "running")  # unreadable: killed while closing
+    meta.setdefault("status", fmt.RUNNING)  # unreadable: killed while closing
     record = read_commit(attrs)
     if record is None:
         return meta, 0

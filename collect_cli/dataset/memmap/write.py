@@ -345,9 +345,9 @@ class MemmapWriter(Writer):
         for meta in self.path.rglob("meta.json"):  # the commits' spares go
             spare(meta).unlink(missing_ok=True)
 
-    def close(self, status: str = "complete") -> None:
+    def close(self, status: str = fmt.COMPLETE) -> None:
         if (
-            status == "complete"
+            status == fmt.COMPLETE
             and self._specs
             and (self.capacity, self.lane_capacity)
             != (
