@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 
 from collect_cli.dataset import open_dataset
 from collect_cli.ops.validate import validate
+from tests.support.cli_runner import ForkServer
 
 
 def assert_consistent(path: Path | str) -> dict:
@@ -55,9 +52,6 @@ def assert_split_on_done(path: Path | str) -> int:
         assert len(ids) == 0 or bool(ends[-1]), f"lane {lane}: its last trajectory is unflagged"
         checked += len(pieces)
     return checked
-
-
-SUPPORT = Path(__file__).parent / "support"
 
 
 def write_preempted(
@@ -127,81 +121,6 @@ def resident_pages(path: Path | str) -> np.ndarray:
         os.close(fd)
 
 
-def start_run(args: list[str], cwd: Path, **popen: object) -> subprocess.Popen:
-    """``rlcollect run ARGS`` as a background process (test envs importable)."""
-    env = dict(os.environ, PYTHONPATH=str(SUPPORT))
-    popen.setdefault("stdout", subprocess.PIPE)
-    popen.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen(
-        [sys.executable, "-m", "collect_cli", "run", *args], cwd=cwd, env=env, text=True, **popen
-    )
-
-
-class ForkServer:
-    """``rlcollect run`` processes forked from one warmed process
-    (support/forkserver.py): none pays the 2-4 s a new interpreter spends on
-    imports. Each run is in its own session: ``os.killpg(pid, sig)``."""
-
-    started: ClassVar[list[ForkServer]] = []
-
-    def __init__(self, cwd: Path, warm_args: list[str]):
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SUPPORT / "forkserver.py"), *warm_args],
-            cwd=cwd,
-            env=dict(os.environ, PYTHONPATH=str(SUPPORT)),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self._lock = threading.Lock()
-        ForkServer.started.append(self)
-
-    def _ask(self, **request: object) -> dict:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        with self._lock:  # one request and its reply at a time, whichever thread asks
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            reply = self.proc.stdout.readline()
-        assert reply, f"the fork server exited ({self.proc.wait()})"
-        return json.loads(reply)
-
-    def start(self, args: list[str], log: Path) -> int:
-        """Start ``rlcollect run ARGS`` (its output into ``log``); its pid."""
-        return self._ask(run=args, log=str(log))["pid"]
-
-    def cli(self, args: list[str], cwd: Path, env: dict, out: Path, err: Path) -> int:
-        """Start ``rlcollect ARGS`` in ``cwd`` with ``env`` added; its pid."""
-        return self._ask(cli=list(args), cwd=str(cwd), env=env, out=str(out), err=str(err))["pid"]
-
-    def poll(self, pid: int) -> int | None:
-        return self._ask(poll=pid)["code"]
-
-    def wait(self, pid: int, timeout: float | None = None) -> int:
-        """The run's exit status (negative: the signal that ended it); past
-        ``timeout`` seconds it is killed and ``subprocess.TimeoutExpired`` raised."""
-        if timeout is None:
-            return self._ask(wait=pid)["code"]
-        deadline = time.monotonic() + timeout
-        while (code := self.poll(pid)) is None:
-            if time.monotonic() > deadline:
-                os.killpg(pid, signal.SIGKILL)
-                self.wait(pid)
-                raise subprocess.TimeoutExpired(f"rlcollect (pid {pid})", timeout)
-            time.sleep(0.02)
-        return code
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-    def __enter__(self) -> ForkServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def wait_for_frames(path: Path, proc: subprocess.Popen, minimum: int = 1, timeout=60.0) -> None:
     """Wait until the running dataset at ``path`` has committed ``minimum`` frames."""
     deadline = time.monotonic() + timeout
@@ -234,7 +153,7 @@ def on_two_cpus() -> Iterator[list[int]]:
 
 def descendants(pid: int) -> set[int]:
     """Live descendant pids of ``pid`` (from /proc), leaving out the fork server's
-    tree: the pytest worker keeps it for later CLI runs (conftest.run_cli)."""
+    tree: the pytest worker keeps it for later CLI runs (cli_runner.run_cli)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

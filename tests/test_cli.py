@@ -14,7 +14,7 @@ import pytest
 from tensordict import PersistentTensorDict, TensorDict
 
 from collect_cli.dataset import open_dataset
-from tests.conftest import out_path
+from tests.support.cli_runner import out_path
 
 
 def documented_frames(total: int, per_batch: int, lanes: int) -> int:

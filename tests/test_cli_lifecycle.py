@@ -15,15 +15,14 @@ import pytest
 from collect_cli import writer_process
 from collect_cli.dataset import open_dataset
 from collect_cli.ops.validate import check
-from tests.conftest import HERE, out_path
 from tests.helpers import (
     assert_consistent,
     assert_split_on_done,
     descendants,
     processes_mentioning,
-    start_run,
     wait_for_frames,
 )
+from tests.support.cli_runner import SUPPORT, out_path, start_run
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -171,7 +170,7 @@ def test_disk_full_exits_1_and_keeps_committed_data(tmp_path, backend):
     def cap_file_size():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    env = dict(os.environ, PYTHONPATH=str(HERE / "support"))
+    env = dict(os.environ, PYTHONPATH=str(SUPPORT))
     proc = subprocess.run(
         [
             sys.executable,

@@ -10,14 +10,8 @@ import numpy as np
 import pytest
 
 from collect_cli.dataset import open_dataset
-from tests.conftest import out_path
-from tests.helpers import (
-    assert_consistent,
-    descendants,
-    processes_mentioning,
-    start_run,
-    wait_for_frames,
-)
+from tests.helpers import assert_consistent, descendants, processes_mentioning, wait_for_frames
+from tests.support.cli_runner import out_path, start_run
 
 
 @pytest.mark.parametrize("collector", ["multisync", "multiasync"])

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from collect_cli.dataset import open_dataset
-from tests.conftest import out_path
-from tests.helpers import assert_consistent, assert_split_on_done, start_run, wait_for_frames
+from tests.helpers import assert_consistent, assert_split_on_done, wait_for_frames
+from tests.support.cli_runner import out_path, start_run
 
 COUNTER = ("env=gym", "env.id=toyenvs:Counter-v0", "env.num_envs=2", "progress=none")
 

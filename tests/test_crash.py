@@ -16,15 +16,8 @@ import pytest
 
 from collect_cli.dataset import open_dataset
 from collect_cli.errors import EXIT_RUNTIME
-from tests.conftest import out_path
-from tests.helpers import (
-    SUPPORT,
-    ForkServer,
-    assert_consistent,
-    assert_split_on_done,
-    kill_group,
-    start_run,
-)
+from tests.helpers import assert_consistent, assert_split_on_done, kill_group
+from tests.support.cli_runner import SUPPORT, ForkServer, out_path, start_run
 
 # more kills for a local soak: RLCOLLECT_CRASH_RUNS=40 pytest tests/test_crash.py
 RUNS_PER_BACKEND = int(os.environ.get("RLCOLLECT_CRASH_RUNS", "10"))

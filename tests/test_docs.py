@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import STARTUP_VARS
+from tests.support.cli_runner import STARTUP_VARS
 
 ROOT = Path(__file__).resolve().parent.parent
 SUPPORT = ROOT / "tests" / "support"

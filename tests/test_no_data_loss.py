@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from collect_cli.dataset import open_dataset
-from tests.conftest import out_path
-from tests.helpers import assert_consistent, start_run
+from tests.helpers import assert_consistent
+from tests.support.cli_runner import out_path, start_run
 
 SLOW = [
     "env=gym",

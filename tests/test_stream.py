@@ -20,8 +20,8 @@ from collect_cli.dataset import open_dataset
 from collect_cli.envs import env_factory
 from collect_cli.stream import Joiner, Stream, WriteBehind, WriterSpec, joins, pump
 from collect_cli.threads import SERIAL_ELEMENTS
-from tests.conftest import out_path
 from tests.helpers import CAN_PIN, assert_consistent, on_two_cpus
+from tests.support.cli_runner import out_path
 
 FRAMES, PER_BATCH = 600, 60
 

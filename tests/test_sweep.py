@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from collect_cli.cli import app
 from collect_cli.dataset import open_dataset
-from tests.conftest import Result, out_path
 from tests.helpers import assert_consistent
+from tests.support.cli_runner import Result, out_path
 
 TINY = ("env=CartPole", "total_frames=600", "env.num_envs=2", "frames_per_batch=200")
 EPISODE_KEYS = ("observation", "action", "next/reward", "next/observation", "next/done")

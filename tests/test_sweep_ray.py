@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 from collect_cli.dataset import open_dataset
-from tests.conftest import Result
-from tests.helpers import SUPPORT, assert_consistent, kill_group, processes_mentioning
+from tests.helpers import assert_consistent, kill_group, processes_mentioning
+from tests.support.cli_runner import SUPPORT, Result
 
 pytest.importorskip(
     "hydra_plugins.hydra_ray_launcher",

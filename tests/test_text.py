@@ -10,7 +10,7 @@ from tensordict import TensorDict
 
 from collect_cli import specs
 from collect_cli.dataset import open_dataset
-from tests.conftest import out_path
+from tests.support.cli_runner import out_path
 
 TOY = ("env=gym", "env.id=toyenvs:Text-v0", "env.num_envs=2", "frames_per_batch=8")
 

@@ -16,14 +16,8 @@ import pytest
 
 from collect_cli import dataformat as fmt
 from collect_cli.dataset import open_dataset
-from tests.conftest import out_path, run_cli
-from tests.helpers import (
-    SUPPORT,
-    assert_consistent,
-    assert_split_on_done,
-    start_run,
-    wait_for_frames,
-)
+from tests.helpers import assert_consistent, assert_split_on_done, wait_for_frames
+from tests.support.cli_runner import SUPPORT, out_path, run_cli, start_run
 
 # 16-pixel frames, episodes of 7 steps: they end inside the batches of 12 steps
 PIXELS = (

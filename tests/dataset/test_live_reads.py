@@ -19,7 +19,7 @@ import time
 import h5py
 import pytest
 
-from tests.conftest import _server, run_cli
+from tests.support.cli_runner import run_cli, server
 
 VALIDATIONS = 50
 RUN = ["env=Pendulum", "total_frames=1e6", "progress=none"]
@@ -39,8 +39,8 @@ def test_validate_and_export_of_a_live_hdf5_run_read_its_last_commit(tmp_path):
     """Before the fix, 2 to 5 of the 50 validations said "unreadable data: ... (addr
     overflow ...)" (7 runs of 7 failed)."""
     out, dest = tmp_path / "live.h5", tmp_path / "live-d4rl.hdf5"
-    server = _server()
-    run = server.start([*RUN, f"out={out}"], tmp_path / "run.log")
+    forks = server()
+    run = forks.start([*RUN, f"out={out}"], tmp_path / "run.log")
     answers: list[tuple[bool, bool, str | None]] = []  # (file there, run live, what is wrong)
     exported, code = None, None
     try:
@@ -48,15 +48,15 @@ def test_validate_and_export_of_a_live_hdf5_run_read_its_last_commit(tmp_path):
         while len(answers) < VALIDATIONS and time.monotonic() < deadline:
             existed = out.exists()
             result = run_cli("validate", str(out), cwd=tmp_path)
-            live = server.poll(run) is None
+            live = forks.poll(run) is None
             answers.append((existed, live, _verdict(result, existed)))
             if exported is None and existed and live and len(answers) >= VALIDATIONS // 2:
                 exported = run_cli("export", str(out), "--format", "d4rl", "--out", str(dest))
-        code = server.wait(run, timeout=120)
+        code = forks.wait(run, timeout=120)
     finally:
         if code is None:
             os.killpg(run, signal.SIGKILL)
-            server.wait(run)
+            forks.wait(run)
     assert code == 0, (tmp_path / "run.log").read_text()
     wrong = [what for _, _, what in answers if what is not None]
     assert not wrong, f"{len(wrong)} of {len(answers)} validations failed: {wrong[:3]}"

@@ -22,8 +22,8 @@ from collect_cli.dataset.ownership import (
 )
 from collect_cli.errors import OutputError, UsageError
 from collect_cli.ops.merge import merge
-from tests.conftest import out_path
 from tests.helpers import assert_consistent
+from tests.support.cli_runner import out_path
 
 META = {"env_id": "Toy-v0", "observation_space": None, "action_space": None, "config": ""}
 

@@ -16,8 +16,8 @@ from collect_cli.dataformat import FORMAT_VERSION, MASK_KEY
 from collect_cli.dataset import check_output, make_writer, open_dataset
 from collect_cli.envs import env_factory
 from collect_cli.errors import OutputError
-from tests.conftest import out_path
 from tests.helpers import assert_consistent, assert_split_on_done, write_preempted
+from tests.support.cli_runner import out_path
 
 
 def write(path, backend, batches, planned=None, status="complete", **kw):

@@ -17,8 +17,8 @@ pytest.importorskip("envpool")
 from collect_cli.collectors import SyncCollector
 from collect_cli.envs import env_factory
 from collect_cli.errors import UsageError
-from tests.conftest import out_path
 from tests.helpers import assert_consistent
+from tests.support.cli_runner import out_path
 
 CLASSIC = ("Pendulum-v1", "CartPole-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Acrobot-v1")
 

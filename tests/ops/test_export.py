@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from collect_cli.dataset import open_dataset
-from tests.conftest import out_path as dataset_path
-from tests.conftest import run_cli
-from tests.helpers import assert_split_on_done, start_run, wait_for_frames, write_preempted
+from tests.helpers import assert_split_on_done, wait_for_frames, write_preempted
+from tests.support.cli_runner import out_path as dataset_path
+from tests.support.cli_runner import run_cli, start_run
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from collect_cli.dataset import make_writer, open_dataset
 from collect_cli.envs import env_factory
 from collect_cli.ops.merge import merge
 from collect_cli.run import run
-from tests.conftest import BACKENDS, out_path
 from tests.helpers import assert_consistent
+from tests.support.cli_runner import BACKENDS, out_path
 
 SMALL = ("progress=none", "env.num_envs=2", "frames_per_batch=100")
 TARGET = "policy.target=toypolicies"

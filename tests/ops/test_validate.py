@@ -13,8 +13,8 @@ import pytest
 
 from collect_cli.dataset import open_dataset
 from collect_cli.ops.validate import check, validate
-from tests.conftest import out_path, run_cli
 from tests.helpers import write_preempted
+from tests.support.cli_runner import out_path, run_cli
 
 DONE_DIFFERS = "next/done differs from next/terminated | next/truncated"
 

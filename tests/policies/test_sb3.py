@@ -25,7 +25,7 @@ from collect_cli.policies.build import build_policy
 from collect_cli.policies.sb3.locate import resolve
 from collect_cli.policies.sb3.options import Sb3PolicyConfig
 from collect_cli.run import run
-from tests.conftest import run_cli
+from tests.support.cli_runner import run_cli
 
 sb3 = pytest.importorskip("stable_baselines3")
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
@@ -482,7 +482,8 @@ def test_provenance_through_info_merge_and_exports(models, tmp_path, monkeypatch
 
 def test_resume_refuses_another_checkpoint(tmp_path):
     from collect_cli.errors import ConfigError
-    from tests.helpers import start_run, wait_for_frames
+    from tests.helpers import wait_for_frames
+    from tests.support.cli_runner import start_run
 
     for name, seed in (("a.pt2", 0), ("b.pt2", 1)):
         torch.manual_seed(seed)

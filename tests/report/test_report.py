@@ -37,8 +37,8 @@ from collect_cli.report import stats as report
 from collect_cli.report.html import viewable
 from collect_cli.report.stats import HIST_BINS
 from collect_cli.run import run
-from tests.conftest import Result, run_cli
 from tests.helpers import write_preempted
+from tests.support.cli_runner import Result, run_cli
 
 REFS = {"ref_min_score": -1600.0, "ref_max_score": 0.0}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
