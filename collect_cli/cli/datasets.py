@@ -59,7 +59,7 @@ def validate(
     return EXIT_RUNTIME
 
 
-_EXPORT_HELP = """Export a dataset (.h5 file or memmap dir) to D4RL or Minari.
+_EXPORT_HELP = """Export a dataset (.h5 file or memmap dir) to D4RL, Minari or Hugging Face.
 
 \b
 d4rl:    one HDF5 file: observations actions rewards next_observations
@@ -69,6 +69,10 @@ d4rl:    one HDF5 file: observations actions rewards next_observations
 minari:  a Minari dataset directory (pip install 'rlcollect\\[export]').
          --out ROOT/NAMESPACE/NAME-vN makes the id NAMESPACE/NAME-vN:
          MINARI_DATASETS_PATH=ROOT, then minari.load_dataset(id).
+hf:      Parquet, one row per episode (observations actions rewards dones
+         terminals timeouts infos.*) in DIR/data/, the card in DIR/README.md:
+         datasets.load_dataset("parquet", data_dir=DIR) (pip install
+         'rlcollect\\[export]').
 \b
 Episodes are contiguous (lane by lane, in time order); padding is never
 exported. An episode cut by the end of the run (or by a kill) ends with
@@ -83,9 +87,9 @@ committed frames. The stdout line is a JSON summary. Exit codes: 0 done,
 @guarded
 def export(
     path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="d4rl or minari.")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="d4rl, minari or hf.")],
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="d4rl: the .hdf5 file; minari: the dataset dir.")
+        Path, typer.Option("--out", "-o", help="d4rl: the .hdf5 file; minari, hf: the dataset dir.")
     ],
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an existing --out.")
@@ -105,6 +109,12 @@ def export(
     from collect_cli.ops.export import export as export_dataset
 
     logging.basicConfig(format="rlcollect: %(levelname)s: %(message)s", stream=sys.stderr)
+    readme = None
+    if fmt == "hf":  # the card beside the shards
+        from collect_cli.report.card import render_card
+        from collect_cli.report.stats import dataset_stats
+
+        readme = render_card(path, dataset_stats(path), out.absolute())
     result = export_dataset(
         path,
         fmt,
@@ -113,6 +123,7 @@ def export(
         drop_incomplete=drop_incomplete,
         compression=compression,
         dataset_id=dataset_id,
+        readme=readme,
     )
     if result.source_status != COMPLETE:
         fate = "dropped" if drop_incomplete else f"ending with a {result.incomplete}"

@@ -1,4 +1,5 @@
-"""Export a dataset to the flat D4RL HDF5 layout or to a Minari dataset.
+"""Export a dataset to the flat D4RL HDF5 layout, a Minari dataset, or Hugging Face
+Parquet (``export_hf.py``).
 
 Both formats export the same frames in the same order: every valid, committed
 frame (``collector/mask`` True, within its lane's committed steps), lane by
@@ -22,7 +23,6 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,7 @@ import numpy as np
 
 from collect_cli import __version__, specs
 from collect_cli import dataformat as fmt
-from collect_cli.dataformat import COLUMNS
-from collect_cli.dataset import Dataset, open_dataset
+from collect_cli.dataset import open_dataset
 from collect_cli.dataset.fsio import need_space, publish, reserve
 from collect_cli.dataset.ownership import (
     check_destination,
@@ -44,20 +43,26 @@ from collect_cli.dataset.ownership import (
     staging_name,
 )
 from collect_cli.errors import DatasetError, UsageError, WriteError
+from collect_cli.ops.export_hf import is_hf_export, require_pyarrow, write_hf
+from collect_cli.ops.frames import (
+    BLOCK_BYTES,
+    INCOMPLETE_END,
+    REWARD,
+    TRAJ,
+    Plan,
+    Source,
+    blocks,
+    d4rl_name,
+    episodes,
+)
 from collect_cli.policies import provenance
 
 log = logging.getLogger("rlcollect")
 
-FORMATS = ("d4rl", "minari")
+FORMATS = ("d4rl", "minari", "hf")
 COMPRESSIONS = ("none", "gzip", "lzf")
 MINARI_INSTALL = "pip install 'rlcollect[export]'"
-BLOCK_BYTES = 64 << 20  # frames read per block, over all keys
 CHUNK_BYTES = 512 << 10  # D4RL output chunks
-# flags D4RL/Minari carry as terminals/timeouts (from the plan), and the mask
-SKIPPED = {*fmt.FLAGS, *(fmt.path((fmt.NEXT, flag)) for flag in fmt.FLAGS), fmt.MASK}
-TRAJ, REWARD = fmt.TRAJ, fmt.path(fmt.REWARD_KEY)
-TERMINATED, TRUNCATED = fmt.path(fmt.TERMINATED_KEY), fmt.path(fmt.TRUNCATED_KEY)
-INCOMPLETE_END = {"d4rl": "timeout", "minari": "truncation"}
 NAME_RE = re.compile(r"[-_\w]+-v\d+")
 NAMESPACE_RE = re.compile(r"[-_\w]+")
 
@@ -88,8 +93,10 @@ def export(
     drop_incomplete: bool = False,
     compression: str = "none",
     dataset_id: str | None = None,
+    readme: str | None = None,
 ) -> ExportResult:
-    """Export the dataset at ``source`` as ``fmt`` (``d4rl`` | ``minari``) to ``out``."""
+    """Export the dataset at ``source`` as ``fmt`` (``d4rl`` | ``minari`` | ``hf``) to
+    ``out``; ``readme``: the hf export's card (README.md), rendered by the caller."""
     from collect_cli.ops.validate import validate
 
     source, out = Path(source), Path(out)
@@ -97,9 +104,11 @@ def export(
         raise UsageError(f"unknown export format {fmt!r}: choose from {', '.join(FORMATS)}")
     if compression not in COMPRESSIONS:
         raise UsageError(f"unknown compression {compression!r}: choose from none, gzip, lzf")
+    if fmt != "d4rl" and compression != "none":
+        raise UsageError("--compression applies to --format d4rl only")
+    if fmt == "hf":
+        require_pyarrow()
     if fmt == "minari":
-        if compression != "none":
-            raise UsageError("--compression applies to --format d4rl only")
         _require_minari()
         dataset_id, root = minari_location(out, dataset_id)
     elif dataset_id is not None:
@@ -127,9 +136,11 @@ def export(
         try:
             plan = Plan.build(src, drop_incomplete)
             out.parent.mkdir(parents=True, exist_ok=True)
+            extra: dict[str, Any] = {}
             if fmt == "d4rl":
                 _write_d4rl(src, plan, tmp, compression)
-                extra: dict[str, Any] = {}
+            elif fmt == "hf":
+                write_hf(src, plan, tmp, readme)
             else:
                 _write_minari(src, plan, tmp, dataset_id)
                 extra = {"dataset_id": dataset_id, "minari_datasets_path": str(root)}
@@ -195,6 +206,11 @@ def _check_out(source: Path, out: Path, fmt: str, overwrite: bool):
             replaceable=is_d4rl_export,
         )
 
+    if fmt == "hf":
+        return check_destination(
+            out, overwrite=overwrite, inputs=[source], kind="an hf export", replaceable=is_hf_export
+        )
+
     def minari_dir(path: Path) -> bool:
         meta = path / "data" / "metadata.json"
         return path.is_dir() and (meta.is_file() or not any(path.iterdir()))
@@ -202,117 +218,6 @@ def _check_out(source: Path, out: Path, fmt: str, overwrite: bool):
     return check_destination(
         out, overwrite=overwrite, inputs=[source], kind="a Minari dataset", replaceable=minari_dir
     )
-
-
-class Source:
-    """Read access to a dataset's frame arrays, by lane and time range."""
-
-    def __init__(self, ds: Dataset):
-        meta = ds.meta
-        self.ds = ds
-        self.meta = meta
-        self.lanes, self.steps = int(meta.get("lanes") or 0), int(meta.get("steps") or 0)
-        self.lane_steps = fmt.lane_steps(meta) if self.lanes else np.zeros(0, np.int64)
-        self.keys = [k for k, _, _ in ds.describe() if not fmt.is_episodes(k)]
-        self.text = {fmt.path(key) for key in fmt.text_keys(meta)}  # read as byte strings
-        if fmt.MASK not in self.keys or not meta.get("frames"):
-            raise DatasetError(f"{str(ds.path)!r} holds no committed frames: nothing to export")
-        self._reading = contextlib.ExitStack()
-        self._read = self._reading.enter_context(ds.reader(by_lane=True))
-
-    def read(self, key: str, lanes: Any, start: int, stop: int) -> np.ndarray:
-        array = np.asarray(self._read(key)[lanes, start:stop])
-        return fmt.fixed_bytes(array) if key in self.text else array
-
-    def whole(self, key: str) -> np.ndarray:
-        """``[lanes, steps]`` of a per-frame scalar key (trailing ``1`` dropped)."""
-        return self.read(key, slice(None), 0, self.steps).reshape(self.lanes, self.steps)
-
-    def episode_rows(self) -> dict[str, np.ndarray]:
-        count = int(self.meta.get("episodes", 0))
-        return {name: self.ds.array(fmt.column(name))[:count] for name in COLUMNS}
-
-    def close(self) -> None:
-        self._reading.close()
-
-
-@dataclass
-class Plan:
-    """Which frames are exported, in which order, and where episodes start and end."""
-
-    keep: np.ndarray  # [lanes, steps] bool
-    ids: np.ndarray  # traj id per exported frame
-    starts: np.ndarray  # first exported frame of each episode
-    lengths: np.ndarray
-    complete: np.ndarray  # per episode: ended by the env (not cut)
-    terminals: np.ndarray  # next/terminated per exported frame
-    timeouts: np.ndarray  # truncated, or the last step of an incomplete episode
-    incomplete: int  # incomplete episodes in the source
-    dropped: bool  # ...left out (else exported, ending with a timeout)
-
-    @classmethod
-    def build(cls, src: Source, drop_incomplete: bool) -> Plan:
-        traj = src.whole(TRAJ)
-        committed = np.arange(src.steps)[None, :] < src.lane_steps[:, None]
-        valid = src.whole(fmt.MASK) & committed
-        rows = src.episode_rows()
-        complete_ids = rows["traj_id"][rows["complete"]]
-        ended = valid & np.isin(traj, complete_ids)
-        incomplete = len(np.unique(traj[valid & ~ended]))
-        keep = ended if drop_incomplete else valid
-        ids = traj[keep]
-        if not len(ids):
-            raise DatasetError("nothing to export: every episode is incomplete and was dropped")
-        first = np.ones(len(ids), bool)
-        first[1:] = ids[1:] != ids[:-1]
-        starts = np.flatnonzero(first)
-        lengths = np.diff(np.append(starts, len(ids)))
-        timeouts = src.whole(TRUNCATED)[keep]
-        complete = np.isin(ids[starts], complete_ids)
-        timeouts[(starts + lengths - 1)[~complete]] = True
-        terminals = src.whole(TERMINATED)[keep]
-        return cls(
-            keep, ids, starts, lengths, complete, terminals, timeouts, incomplete, drop_incomplete
-        )
-
-
-def _blocks(src: Source, keys: list[str], keep: np.ndarray) -> Iterator[dict[str, np.ndarray]]:
-    """The kept frames of ``keys`` in export order, in blocks of about ``BLOCK_BYTES``."""
-    row_bytes = sum(src.read(k, 0, 0, 1)[0].nbytes for k in keys) or 1
-    window = max(1, BLOCK_BYTES // row_bytes)
-    for lane in range(src.lanes):
-        kept = np.flatnonzero(keep[lane])
-        if not len(kept):
-            continue
-        for start in range(int(kept[0]), int(kept[-1]) + 1, window):
-            stop = min(int(kept[-1]) + 1, start + window)
-            sel = keep[lane, start:stop]
-            if sel.any():
-                yield {k: src.read(k, lane, start, stop)[sel] for k in keys}
-
-
-def d4rl_name(key: str) -> str | None:
-    """Where a dataset key goes in the D4RL layout (None: not exported)."""
-    if key in SKIPPED:
-        return None
-    head, _, rest = key.partition("/")
-    tail = "/" + rest if rest else ""
-    if head == fmt.OBSERVATION:
-        return "observations" + tail
-    if head == fmt.ACTION:
-        return "actions" + tail
-    if head == fmt.NEXT:
-        sub, _, deeper = rest.partition("/")
-        if sub == fmt.OBSERVATION:
-            return "next_observations" + ("/" + deeper if deeper else "")
-        if key == REWARD:
-            return "rewards"
-        return "infos/next/" + rest.removeprefix("info/")
-    if key == TRAJ:
-        return "infos/traj_id"
-    if head == fmt.COLLECTOR:
-        return None
-    return "infos/" + key.removeprefix("info/")
 
 
 def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
@@ -338,7 +243,7 @@ def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
         f.create_dataset("terminals", data=plan.terminals)
         f.create_dataset("timeouts", data=plan.timeouts)
         offset = 0
-        for block in _blocks(src, keys, plan.keep):
+        for block in blocks(src, keys, plan.keep):
             count = len(next(iter(block.values())))
             for key, array in block.items():
                 outputs[key][offset : offset + count] = array.reshape(
@@ -372,25 +277,6 @@ def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
         f.flush()
         used = f.id.get_filesize()  # HDF5's end of allocated space
     os.truncate(path, used)  # give back what was reserved beyond it
-
-
-def _episodes(blocks: Iterator[dict[str, np.ndarray]], lengths: np.ndarray) -> Iterator[dict]:
-    """Regroup the stream of frame blocks into consecutive episodes of ``lengths``."""
-    pending: list[dict[str, np.ndarray]] = []
-    have = 0
-    todo = iter(lengths.tolist())
-    need = next(todo, None)
-    for block in blocks:
-        pending.append(block)
-        have += len(next(iter(block.values())))
-        while need is not None and have >= need:
-            joined = pending[0]
-            if len(pending) > 1:
-                joined = {k: np.concatenate([p[k] for p in pending]) for k in joined}
-            yield {k: v[:need] for k, v in joined.items()}
-            have -= need
-            pending = [{k: v[need:] for k, v in joined.items()}] if have else []
-            need = next(todo, None)
 
 
 def _env_spec(meta: dict[str, Any]):
@@ -448,8 +334,8 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
     )
     keys = [*obs_keys, *next_keys, *act_keys, REWARD, *extras]
     buffers, size = [], 0
-    episodes = _episodes(_blocks(src, keys, plan.keep), plan.lengths)
-    for start, length, frames in zip(plan.starts, plan.lengths, episodes, strict=True):
+    stream = episodes(blocks(src, keys, plan.keep), plan.lengths)
+    for start, length, frames in zip(plan.starts, plan.lengths, stream, strict=True):
         last = [frames[k][-1:] for k in next_keys]
         observations = [np.concatenate([frames[k], x]) for k, x in zip(obs_keys, last, strict=True)]
         end = start + length

@@ -25,7 +25,7 @@ from collect_cli import specs
 from collect_cli.dataformat import ACTION, MASK, OBSERVATION, TRAJ
 from collect_cli.dataset import Dataset, open_dataset
 from collect_cli.errors import DatasetError
-from collect_cli.ops.export import Source
+from collect_cli.ops.frames import Source
 from collect_cli.ops.summary import codec_words, episode_rows, summarize
 from collect_cli.policies.provenance import NORMALIZED_SCORE, ref_scores
 

@@ -1,0 +1,162 @@
+"""The frames an export writes, in its order: every valid, committed frame
+(``collector/mask`` True, within its lane's committed steps), lane by lane, in
+time order, so each episode is contiguous. Padding is never exported, including
+the padding a preempted worker leaves inside an episode's time span. Shared by
+the D4RL, Minari and Hugging Face exports (and read by ``report``).
+
+An episode cut by the end of the run (``complete`` False), or left running by a
+killed run (no ``episodes/`` row yet), ends with a timeout (Minari: truncation)
+at its last step; with ``drop_incomplete`` it is left out (:class:`Plan`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from collect_cli import dataformat as fmt
+from collect_cli.dataformat import COLUMNS
+from collect_cli.dataset import Dataset
+from collect_cli.errors import DatasetError
+
+BLOCK_BYTES = 64 << 20  # frames read per block, over all keys
+# flags the exports carry as terminals/timeouts (from the plan), and the mask
+SKIPPED = {*fmt.FLAGS, *(fmt.path((fmt.NEXT, flag)) for flag in fmt.FLAGS), fmt.MASK}
+TRAJ, REWARD = fmt.TRAJ, fmt.path(fmt.REWARD_KEY)
+TERMINATED, TRUNCATED = fmt.path(fmt.TERMINATED_KEY), fmt.path(fmt.TRUNCATED_KEY)
+# how an incomplete episode ends, per format
+INCOMPLETE_END = {"d4rl": "timeout", "minari": "truncation", "hf": "timeout"}
+
+
+class Source:
+    """Read access to a dataset's frame arrays, by lane and time range."""
+
+    def __init__(self, ds: Dataset):
+        meta = ds.meta
+        self.ds = ds
+        self.meta = meta
+        self.lanes, self.steps = int(meta.get("lanes") or 0), int(meta.get("steps") or 0)
+        self.lane_steps = fmt.lane_steps(meta) if self.lanes else np.zeros(0, np.int64)
+        self.keys = [k for k, _, _ in ds.describe() if not fmt.is_episodes(k)]
+        self.text = {fmt.path(key) for key in fmt.text_keys(meta)}  # read as byte strings
+        if fmt.MASK not in self.keys or not meta.get("frames"):
+            raise DatasetError(f"{str(ds.path)!r} holds no committed frames: nothing to export")
+        self._reading = contextlib.ExitStack()
+        self._read = self._reading.enter_context(ds.reader(by_lane=True))
+
+    def read(self, key: str, lanes: Any, start: int, stop: int) -> np.ndarray:
+        array = np.asarray(self._read(key)[lanes, start:stop])
+        return fmt.fixed_bytes(array) if key in self.text else array
+
+    def whole(self, key: str) -> np.ndarray:
+        """``[lanes, steps]`` of a per-frame scalar key (trailing ``1`` dropped)."""
+        return self.read(key, slice(None), 0, self.steps).reshape(self.lanes, self.steps)
+
+    def episode_rows(self) -> dict[str, np.ndarray]:
+        count = int(self.meta.get("episodes", 0))
+        return {name: self.ds.array(fmt.column(name))[:count] for name in COLUMNS}
+
+    def close(self) -> None:
+        self._reading.close()
+
+
+@dataclass
+class Plan:
+    """Which frames are exported, in which order, and where episodes start and end."""
+
+    keep: np.ndarray  # [lanes, steps] bool
+    ids: np.ndarray  # traj id per exported frame
+    starts: np.ndarray  # first exported frame of each episode
+    lengths: np.ndarray
+    complete: np.ndarray  # per episode: ended by the env (not cut)
+    terminals: np.ndarray  # next/terminated per exported frame
+    timeouts: np.ndarray  # truncated, or the last step of an incomplete episode
+    incomplete: int  # incomplete episodes in the source
+    dropped: bool  # ...left out (else exported, ending with a timeout)
+
+    @classmethod
+    def build(cls, src: Source, drop_incomplete: bool) -> Plan:
+        traj = src.whole(TRAJ)
+        committed = np.arange(src.steps)[None, :] < src.lane_steps[:, None]
+        valid = src.whole(fmt.MASK) & committed
+        rows = src.episode_rows()
+        complete_ids = rows["traj_id"][rows["complete"]]
+        ended = valid & np.isin(traj, complete_ids)
+        incomplete = len(np.unique(traj[valid & ~ended]))
+        keep = ended if drop_incomplete else valid
+        ids = traj[keep]
+        if not len(ids):
+            raise DatasetError("nothing to export: every episode is incomplete and was dropped")
+        first = np.ones(len(ids), bool)
+        first[1:] = ids[1:] != ids[:-1]
+        starts = np.flatnonzero(first)
+        lengths = np.diff(np.append(starts, len(ids)))
+        timeouts = src.whole(TRUNCATED)[keep]
+        complete = np.isin(ids[starts], complete_ids)
+        timeouts[(starts + lengths - 1)[~complete]] = True
+        terminals = src.whole(TERMINATED)[keep]
+        return cls(
+            keep, ids, starts, lengths, complete, terminals, timeouts, incomplete, drop_incomplete
+        )
+
+
+def blocks(src: Source, keys: list[str], keep: np.ndarray) -> Iterator[dict[str, np.ndarray]]:
+    """The kept frames of ``keys`` in export order, in blocks of about ``BLOCK_BYTES``."""
+    row_bytes = sum(src.read(k, 0, 0, 1)[0].nbytes for k in keys) or 1
+    window = max(1, BLOCK_BYTES // row_bytes)
+    for lane in range(src.lanes):
+        kept = np.flatnonzero(keep[lane])
+        if not len(kept):
+            continue
+        for start in range(int(kept[0]), int(kept[-1]) + 1, window):
+            stop = min(int(kept[-1]) + 1, start + window)
+            sel = keep[lane, start:stop]
+            if sel.any():
+                yield {k: src.read(k, lane, start, stop)[sel] for k in keys}
+
+
+def episodes(blocks: Iterator[dict[str, np.ndarray]], lengths: np.ndarray) -> Iterator[dict]:
+    """Regroup the stream of frame blocks into consecutive episodes of ``lengths``."""
+    pending: list[dict[str, np.ndarray]] = []
+    have = 0
+    todo = iter(lengths.tolist())
+    need = next(todo, None)
+    for block in blocks:
+        pending.append(block)
+        have += len(next(iter(block.values())))
+        while need is not None and have >= need:
+            joined = pending[0]
+            if len(pending) > 1:
+                joined = {k: np.concatenate([p[k] for p in pending]) for k in joined}
+            yield {k: v[:need] for k, v in joined.items()}
+            have -= need
+            pending = [{k: v[need:] for k, v in joined.items()}] if have else []
+            need = next(todo, None)
+
+
+def d4rl_name(key: str) -> str | None:
+    """Where a dataset key goes in the D4RL layout (None: not exported)."""
+    if key in SKIPPED:
+        return None
+    head, _, rest = key.partition("/")
+    tail = "/" + rest if rest else ""
+    if head == fmt.OBSERVATION:
+        return "observations" + tail
+    if head == fmt.ACTION:
+        return "actions" + tail
+    if head == fmt.NEXT:
+        sub, _, deeper = rest.partition("/")
+        if sub == fmt.OBSERVATION:
+            return "next_observations" + ("/" + deeper if deeper else "")
+        if key == REWARD:
+            return "rewards"
+        return "infos/next/" + rest.removeprefix("info/")
+    if key == TRAJ:
+        return "infos/traj_id"
+    if head == fmt.COLLECTOR:
+        return None
+    return "infos/" + key.removeprefix("info/")
