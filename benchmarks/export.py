@@ -2,10 +2,11 @@
 arrays directly, and peak RSS as the dataset grows (the export must stream).
 
 The reference is what a user writes by hand: the episodes' observations, actions,
-rewards and flags already in memory as numpy arrays, one ``pa.table`` of list
-columns (one row per episode), one ``pq.write_table``. rlcollect's export is timed
-whole (reading the dataset, planning, writing). Paired rounds, medians. Peak RSS:
-the CLI in a subprocess per ``--rss-frames`` value, read from ``wait4``.
+rewards, flags and traj ids (rlcollect's columns) in memory as numpy arrays, one
+``pa.table`` of list columns (one row per episode), one ``pq.write_table``.
+rlcollect's export is timed whole (validating and reading the dataset, planning,
+writing). Paired rounds, medians. Peak RSS: the CLI in a subprocess per
+``--rss-frames`` value, read from ``wait4``.
 
     python benchmarks/export.py                                  # 2e5 frames, 3 rounds
     python benchmarks/export.py --frames 1e6 --rss-frames 1e5 1e7 --record
@@ -45,7 +46,8 @@ def episodes_in_memory(path: Path) -> dict[str, list[np.ndarray]]:
     ds = open_dataset(path)
     steps = ds.meta["steps"]
     keys = ("observation", "action", "next/reward", "next/terminated", "next/truncated")
-    arrays = {k: ds.array(k)[:, :steps] for k in (*keys, "collector/traj_ids", "collector/mask")}
+    keys += ("collector/traj_ids",)
+    arrays = {k: ds.array(k)[:, :steps] for k in (*keys, "collector/mask")}
     out: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     for lane in range(arrays["collector/mask"].shape[0]):
         valid = arrays["collector/mask"][lane]
@@ -77,6 +79,7 @@ def by_hand(episodes: dict[str, list[np.ndarray]], dest: Path) -> None:
             "dones": column([t | o for t, o in zip(terminals, timeouts, strict=True)], True),
             "terminals": column(terminals, scalar=True),
             "timeouts": column(timeouts, scalar=True),
+            "infos.traj_id": column(episodes["collector/traj_ids"], scalar=True),
         }
     )
     pq.write_table(table, dest)

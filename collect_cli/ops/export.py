@@ -159,7 +159,7 @@ def export(
         source=str(source),
         source_status=str(ds.meta.get("status")),
         episodes=len(plan.starts),
-        frames=len(plan.ids),
+        frames=plan.frames,
         incomplete_episodes=plan.incomplete,
         incomplete="dropped" if drop_incomplete else INCOMPLETE_END[fmt],
         extra=extra,
@@ -223,7 +223,7 @@ def _check_out(source: Path, out: Path, fmt: str, overwrite: bool):
 def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
     names = {k: d4rl_name(k) for k in src.keys}
     keys = [k for k, name in names.items() if name is not None]
-    total = len(plan.ids)
+    total = plan.frames
     with h5py.File(path, "w", locking=False) as f:
         # durability D9: the space first, so that a full disk fails before HDF5 writes
         rows = sum(src.read(k, 0, 0, 1)[0].nbytes for k in keys) + 2  # + terminals, timeouts
@@ -323,7 +323,7 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
     }
     path.mkdir()
     rows = sum(src.read(k, 0, 0, 1)[0].nbytes for k in [*obs_keys, *act_keys, REWARD, *extras])
-    need_space(path, len(plan.ids) * rows)  # Minari's writer: checked, not reserved
+    need_space(path, plan.frames * rows)  # Minari's writer: checked, not reserved
     storage = MinariStorage.new(
         (path / "data").absolute(),
         observation_space=obs_space,
@@ -357,7 +357,7 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
         storage.update_episodes(buffers)
     storage.update_episode_metadata(
         {"rlcollect_traj_id": int(i), "rlcollect_complete": bool(c)}
-        for i, c in zip(plan.ids[plan.starts], plan.complete, strict=True)
+        for i, c in zip(plan.traj_ids, plan.complete, strict=True)
     )
     storage.update_metadata(
         {

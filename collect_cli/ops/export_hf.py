@@ -21,7 +21,7 @@ import numpy as np
 
 from collect_cli import __version__
 from collect_cli.errors import UsageError
-from collect_cli.ops.frames import INCOMPLETE_END, Plan, Source, blocks, d4rl_name, episodes
+from collect_cli.ops.frames import INCOMPLETE_END, Plan, Source, blocks, d4rl_name
 
 INSTALL = "pip install 'rlcollect[export]'"
 ROW_GROUP_BYTES = 64 << 20  # frames buffered before a row group is written
@@ -60,18 +60,24 @@ def write_hf(src: Source, plan: Plan, path: Path, readme: str | None) -> None:
     names = {k: hf_column(k) for k in src.keys}
     keys = [k for k, name in names.items() if name is not None]
     (path / "data").mkdir(parents=True)
+    ends = plan.starts + plan.lengths  # in export order: frame index of each episode's end
+    flags = {"dones": plan.terminals | plan.timeouts}
+    flags.update(terminals=plan.terminals, timeouts=plan.timeouts)
     shapes: dict[str, list[int]] = {}
     writer: Any = None
     shards: list[Path] = []
     written = 0  # frame bytes in the open shard
-    rows: list[dict[str, np.ndarray]] = []
-    buffered = 0
+    pending: list[dict[str, np.ndarray]] = []  # blocks of frames not written yet
+    first = 0  # export index of pending's first frame: an episode's start
+    episode = 0  # its episode
 
-    def flush() -> None:
-        nonlocal writer, written, rows, buffered
-        if not rows:
-            return
-        table = _table(pa, rows, names, shapes)
+    def write(stop: int, last: int) -> None:
+        """Write the pending frames up to ``stop``, the end of episode ``last - 1``."""
+        nonlocal writer, written, pending, first, episode
+        joined = {k: np.concatenate([b[k] for b in pending]) for k in pending[0]}
+        frames = {k: v[: stop - first] for k, v in joined.items()}
+        frames.update({flag: values[first:stop] for flag, values in flags.items()})
+        table = _table(pa, frames, plan.lengths[episode:last], names, shapes)
         if writer is None or written >= SHARD_BYTES:
             if writer is not None:
                 writer.close()
@@ -80,22 +86,23 @@ def write_hf(src: Source, plan: Plan, path: Path, readme: str | None) -> None:
             writer = pq.ParquetWriter(shards[-1], table.schema.with_metadata(meta))
             written = 0
         writer.write_table(table)
-        written += buffered
-        rows, buffered = [], 0
+        written += sum(v.nbytes for v in frames.values())
+        rest = {k: v[stop - first :] for k, v in joined.items()}
+        pending = [rest] if len(next(iter(rest.values()))) else []
+        first, episode = stop, last
 
-    ends = plan.starts + plan.lengths
-    flags = {
-        "dones": plan.terminals | plan.timeouts,
-        "terminals": plan.terminals,
-        "timeouts": plan.timeouts,
-    }
-    for index, episode in enumerate(episodes(blocks(src, keys, plan.keep), plan.lengths)):
-        frames = slice(int(plan.starts[index]), int(ends[index]))
-        rows.append({**episode, **{flag: values[frames] for flag, values in flags.items()}})
-        buffered += sum(v.nbytes for v in episode.values())
-        if buffered >= ROW_GROUP_BYTES:
-            flush()
-    flush()
+    have, size = first, 0
+    for block in blocks(src, keys, plan.keep):
+        pending.append(block)
+        have += len(next(iter(block.values())))
+        size += sum(v.nbytes for v in block.values())
+        if size >= ROW_GROUP_BYTES:  # the whole episodes buffered, as one row group
+            last = int(np.searchsorted(ends, have, side="right"))
+            if last > episode:
+                write(int(ends[last - 1]), last)
+                size = sum(v.nbytes for b in pending for v in b.values())
+    if pending:
+        write(int(ends[-1]), len(ends))
     if writer is not None:
         writer.close()
     for i, shard in enumerate(shards):  # the Hub's names, now that the count is known
@@ -104,18 +111,18 @@ def write_hf(src: Source, plan: Plan, path: Path, readme: str | None) -> None:
         (path / "README.md").write_text(readme)
 
 
-def _table(pa, rows: list[dict[str, np.ndarray]], names: dict[str, str | None], shapes):
-    """A table of ``rows`` (episodes), each column a list per episode of the step
-    values, in the order of the Hub's replay datasets: CORE, FLAGS, then the extras."""
-    lengths = np.array([len(row["dones"]) for row in rows], np.int64)
+def _table(pa, frames: dict[str, np.ndarray], lengths: np.ndarray, names, shapes):
+    """A table of whole episodes of ``lengths`` from their ``frames``: each column a
+    list per episode of the step values, in the order of the Hub's replay datasets:
+    CORE, FLAGS, then the extras."""
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-    column = {key: names.get(key) or key for key in rows[0]}
+    column = {key: names.get(key) or key for key in frames}
     head = {key: name.split(".")[0] for key, name in column.items()}
     rank = {key: CORE.index(h) if h in CORE else len(CORE) + 1 for key, h in head.items()}
     rank.update({flag: len(CORE) for flag in FLAGS})
     columns: dict[str, Any] = {}
-    for key in sorted(rows[0], key=lambda k: (rank[k], column[k])):
-        values = np.concatenate([row[key] for row in rows])
+    for key in sorted(frames, key=lambda k: (rank[k], column[k])):
+        values = frames[key]
         if column[key] == "rewards":
             values = values.reshape(len(values))  # a number a step, as D4RL's
         shapes[column[key]] = list(values.shape[1:])
@@ -144,7 +151,7 @@ def _metadata(src: Source, plan: Plan, shapes: dict[str, list[int]]) -> dict[str
         "source": str(src.ds.path.absolute()),
         "source_status": meta.get("status"),
         "episodes": len(plan.starts),
-        "frames": len(plan.ids),
+        "frames": plan.frames,
         "incomplete_episodes": plan.incomplete,
         "incomplete": "dropped" if plan.dropped else INCOMPLETE_END["hf"],
         "shapes": shapes,  # each column's per-step shape

@@ -52,10 +52,6 @@ class Source:
         array = np.asarray(self._read(key)[lanes, start:stop])
         return fmt.fixed_bytes(array) if key in self.text else array
 
-    def whole(self, key: str) -> np.ndarray:
-        """``[lanes, steps]`` of a per-frame scalar key (trailing ``1`` dropped)."""
-        return self.read(key, slice(None), 0, self.steps).reshape(self.lanes, self.steps)
-
     def episode_rows(self) -> dict[str, np.ndarray]:
         count = int(self.meta.get("episodes", 0))
         return {name: self.ds.array(fmt.column(name))[:count] for name in COLUMNS}
@@ -66,10 +62,12 @@ class Source:
 
 @dataclass
 class Plan:
-    """Which frames are exported, in which order, and where episodes start and end."""
+    """Which frames are exported, in which order, and where episodes start and end.
+    Built lane by lane: its memory is a byte or two a frame, whatever the dataset."""
 
     keep: np.ndarray  # [lanes, steps] bool
-    ids: np.ndarray  # traj id per exported frame
+    frames: int  # exported frames
+    traj_ids: np.ndarray  # per episode
     starts: np.ndarray  # first exported frame of each episode
     lengths: np.ndarray
     complete: np.ndarray  # per episode: ended by the env (not cut)
@@ -80,28 +78,38 @@ class Plan:
 
     @classmethod
     def build(cls, src: Source, drop_incomplete: bool) -> Plan:
-        traj = src.whole(TRAJ)
-        committed = np.arange(src.steps)[None, :] < src.lane_steps[:, None]
-        valid = src.whole(fmt.MASK) & committed
         rows = src.episode_rows()
         complete_ids = rows["traj_id"][rows["complete"]]
-        ended = valid & np.isin(traj, complete_ids)
-        incomplete = len(np.unique(traj[valid & ~ended]))
-        keep = ended if drop_incomplete else valid
-        ids = traj[keep]
-        if not len(ids):
+        keep = np.zeros((src.lanes, src.steps), bool)
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("ids", "lengths", "term", "trunc")}
+        incomplete: set[int] = set()
+        for lane, steps in enumerate(src.lane_steps.tolist()):
+            traj = src.read(TRAJ, lane, 0, steps).reshape(steps)
+            valid = src.read(fmt.MASK, lane, 0, steps).reshape(steps).astype(bool)
+            ended = valid & np.isin(traj, complete_ids)
+            incomplete.update(np.unique(traj[valid & ~ended]).tolist())
+            kept = ended if drop_incomplete else valid
+            keep[lane, :steps] = kept
+            ids = traj[kept]
+            if not len(ids):
+                continue
+            first = np.flatnonzero(np.append(True, ids[1:] != ids[:-1]))
+            parts["ids"].append(ids[first])
+            parts["lengths"].append(np.diff(np.append(first, len(ids))))
+            parts["term"].append(src.read(TERMINATED, lane, 0, steps).reshape(steps)[kept])
+            parts["trunc"].append(src.read(TRUNCATED, lane, 0, steps).reshape(steps)[kept])
+        if not parts["ids"]:
             raise DatasetError("nothing to export: every episode is incomplete and was dropped")
-        first = np.ones(len(ids), bool)
-        first[1:] = ids[1:] != ids[:-1]
-        starts = np.flatnonzero(first)
-        lengths = np.diff(np.append(starts, len(ids)))
-        timeouts = src.whole(TRUNCATED)[keep]
-        complete = np.isin(ids[starts], complete_ids)
+        traj_ids, lengths = np.concatenate(parts["ids"]), np.concatenate(parts["lengths"])
+        starts = np.cumsum(lengths) - lengths
+        timeouts = np.concatenate(parts["trunc"]).astype(bool)
+        complete = np.isin(traj_ids, complete_ids)
         timeouts[(starts + lengths - 1)[~complete]] = True
-        terminals = src.whole(TERMINATED)[keep]
+        terminals = np.concatenate(parts["term"]).astype(bool)
         return cls(
-            keep, ids, starts, lengths, complete, terminals, timeouts, incomplete, drop_incomplete
-        )
+            keep, int(lengths.sum()), traj_ids, starts, lengths, complete, terminals, timeouts,
+            len(incomplete), drop_incomplete,
+        )  # fmt: skip
 
 
 def blocks(src: Source, keys: list[str], keep: np.ndarray) -> Iterator[dict[str, np.ndarray]]:

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from collect_cli.ops import export_hf
+from collect_cli.ops import export_hf, frames
 from collect_cli.ops.export import export
 from tests.ops.test_export import native_episodes
 from tests.support.cli_runner import SUPPORT, out_path, run_cli
@@ -91,11 +91,24 @@ def test_shards_and_row_groups_stream_with_the_same_rows(tmp_path, monkeypatch):
     src = collect(tmp_path)
     whole, streamed = tmp_path / "whole", tmp_path / "streamed"
     export(src, "hf", whole)
-    monkeypatch.setattr(export_hf, "ROW_GROUP_BYTES", 1)  # a row group per episode
+    monkeypatch.setattr(export_hf, "ROW_GROUP_BYTES", 1)  # a row group per block read
     monkeypatch.setattr(export_hf, "SHARD_BYTES", 1)  # a file per row group
     export(src, "hf", streamed)
     shards = sorted(p.name for p in (streamed / "data").iterdir())
-    assert shards == [f"train-{i:05d}-of-00004.parquet" for i in range(4)]
+    assert len(shards) == 2  # a block per lane here, each holding whole episodes
+    assert shards == [f"train-{i:05d}-of-00002.parquet" for i in range(2)]
+    assert load(streamed, tmp_path).to_list() == load(whole, tmp_path).to_list()
+
+
+def test_episodes_spanning_many_read_blocks_are_whole_rows(tmp_path, monkeypatch):
+    src = collect(tmp_path)
+    whole, streamed = tmp_path / "whole", tmp_path / "streamed"
+    export(src, "hf", whole)
+    monkeypatch.setattr(frames, "BLOCK_BYTES", 1000)  # blocks of ~30 frames: episodes span them
+    monkeypatch.setattr(export_hf, "ROW_GROUP_BYTES", 3000)  # row groups end inside blocks
+    export(src, "hf", streamed)
+    groups = pq.ParquetFile(next((streamed / "data").glob("*.parquet"))).num_row_groups
+    assert groups == 4  # the bytes cross the line inside each episode: an episode a group
     assert load(streamed, tmp_path).to_list() == load(whole, tmp_path).to_list()
 
 
