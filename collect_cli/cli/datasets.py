@@ -12,10 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from collect_cli.cli.app import app, guarded
-from collect_cli.errors import (
-    EXIT_OK,
-    EXIT_RUNTIME,
-)
+from collect_cli.errors import EXIT_OK, EXIT_RUNTIME, UsageError
 
 
 @app.command()
@@ -41,6 +38,16 @@ def info(
 @guarded
 def validate(
     path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    replay: Annotated[
+        bool,
+        typer.Option(
+            "--replay", help="Also step recorded transitions again in the env and compare."
+        ),
+    ] = False,
+    samples: Annotated[
+        int | None,
+        typer.Option("--samples", help="--replay: how many (default: all, or 10000 sampled)."),
+    ] = None,
 ) -> int:
     """Check a dataset's integrity; exit 0 only if it is sound, 1 with what is wrong."""
 
@@ -48,15 +55,34 @@ def validate(
     from collect_cli.ops.validate import check as check_dataset
 
     locate(path)  # nothing there, or no file or folder (a FIFO, a loop): exit 2
+    if samples is not None and (not replay or samples < 1):
+        raise UsageError("--samples N (N >= 1) goes with --replay")
     problems, notes = check_dataset(path)
     for note in notes:
         print(f"rlcollect: note: {path}: {note}", file=sys.stderr)
-    if not problems:
-        print(f"ok: {path} is sound")
-        return EXIT_OK
     for problem in problems:
         print(f"{path}: {problem}")
-    return EXIT_RUNTIME
+    if problems:
+        return EXIT_RUNTIME
+    if not replay:
+        print(f"ok: {path} is sound")
+        return EXIT_OK
+    from collect_cli.ops.replay import SHOWN
+    from collect_cli.ops.replay import replay as replay_dataset
+
+    result = replay_dataset(path, samples)
+    for note in result.notes:
+        print(f"rlcollect: note: {path}: {note}", file=sys.stderr)
+    for kind, where in result.mismatches.items():
+        if where:
+            first = ", ".join(f"(lane {lane}, step {t})" for lane, t in where[:SHOWN])
+            print(f"{path}: {kind}: {len(where)} mismatches, at {first}")
+    said = f"replayed {result.replayed} of {result.of} transitions in {result.env_id}"
+    if result.found:
+        print(f"{path}: {said}: {result.found} mismatches")
+        return EXIT_RUNTIME
+    print(f"ok: {path} is sound; {said}: 0 mismatches")
+    return EXIT_OK
 
 
 _EXPORT_HELP = """Export a dataset (.h5 file or memmap dir) to D4RL, Minari or Hugging Face.
@@ -204,8 +230,6 @@ def report(
     ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out.")] = False,
 ) -> int:
-    from collect_cli.errors import UsageError
-
     if fmt not in ("html", "png"):
         raise UsageError(f"unknown report format {fmt!r}: choose from html, png")
     if as_json:
