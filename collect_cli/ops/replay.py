@@ -76,8 +76,8 @@ def replay(path, samples: int | None = None, seed: int = 0) -> Replay:
     kwargs.pop("max_episode_steps", None)  # a time limit is not replayed
     env = gym.make(env_id, **kwargs).unwrapped
     env.reset(seed=seed)  # seeds its generator (its state is set before each step)
-    picks = _sample(ds, samples, seed)
-    out = Replay(env_id, sum(len(t) for t in picks.values()), _valid_count(ds))
+    picks, total = _sample(ds, samples, seed)
+    out = Replay(env_id, sum(len(t) for t in picks.values()), total)
     out.mismatches = {kind: [] for kind in KINDS}
     if meta.get("env_backend") == "envpool":
         out.notes.append("an envpool dataset, replayed against gymnasium's dynamics")
@@ -149,17 +149,13 @@ def _valid(ds) -> dict[int, np.ndarray]:
         }
 
 
-def _valid_count(ds) -> int:
-    return sum(len(t) for t in _valid(ds).values())
-
-
-def _sample(ds, samples: int | None, seed: int) -> dict[int, np.ndarray]:
-    """The (lane -> sorted steps) to replay."""
+def _sample(ds, samples: int | None, seed: int) -> tuple[dict[int, np.ndarray], int]:
+    """The (lane -> sorted steps) to replay, and how many valid frames there are."""
     valid = _valid(ds)
     total = sum(len(t) for t in valid.values())
     want = min(total, LARGE if samples is None else samples)
     if want >= total:
-        return {lane: t for lane, t in valid.items() if len(t)}
+        return {lane: t for lane, t in valid.items() if len(t)}, total
     flat = np.sort(np.random.default_rng(seed).choice(total, want, replace=False))
     out, offset = {}, 0
     for lane, times in valid.items():
@@ -167,4 +163,4 @@ def _sample(ds, samples: int | None, seed: int) -> dict[int, np.ndarray]:
         if len(inside):
             out[lane] = times[inside]
         offset += len(times)
-    return out
+    return out, total
