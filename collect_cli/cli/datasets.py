@@ -14,11 +14,13 @@ import typer
 from collect_cli.cli.app import app, guarded
 from collect_cli.errors import EXIT_OK, EXIT_RUNTIME, UsageError
 
+DatasetPath = Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")]
+
 
 @app.command()
 @guarded
 def info(
-    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    path: DatasetPath,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> int:
     """Show what is in a dataset: frames, episodes, returns, keys, size, status, config."""
@@ -37,7 +39,7 @@ def info(
 @app.command()
 @guarded
 def validate(
-    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    path: DatasetPath,
     replay: Annotated[
         bool,
         typer.Option(
@@ -112,7 +114,7 @@ committed frames. The stdout line is a JSON summary. Exit codes: 0 done,
 @app.command(help=_EXPORT_HELP)
 @guarded
 def export(
-    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    path: DatasetPath,
     fmt: Annotated[str, typer.Option("--format", "-f", help="d4rl, minari or hf.")],
     out: Annotated[
         Path, typer.Option("--out", "-o", help="d4rl: the .hdf5 file; minari, hf: the dataset dir.")
@@ -135,12 +137,13 @@ def export(
     from collect_cli.ops.export import export as export_dataset
 
     logging.basicConfig(format="rlcollect: %(levelname)s: %(message)s", stream=sys.stderr)
-    readme = None
-    if fmt == "hf":  # the card beside the shards
+
+    def readme() -> str:  # the hf export's card, rendered once its checks have passed
         from collect_cli.report.card import render_card
         from collect_cli.report.stats import dataset_stats
 
-        readme = render_card(path, dataset_stats(path), out.absolute())
+        return render_card(path, dataset_stats(path), out.absolute())
+
     result = export_dataset(
         path,
         fmt,
@@ -149,7 +152,7 @@ def export(
         drop_incomplete=drop_incomplete,
         compression=compression,
         dataset_id=dataset_id,
-        readme=readme,
+        readme=readme if fmt == "hf" else None,
     )
     if result.source_status != COMPLETE:
         fate = "dropped" if drop_incomplete else f"ending with a {result.incomplete}"
@@ -259,7 +262,7 @@ def report(
 @app.command()
 @guarded
 def card(
-    path: Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")],
+    path: DatasetPath,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write the card here (default: stdout).")
     ] = None,

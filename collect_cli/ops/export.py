@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,10 +94,10 @@ def export(
     drop_incomplete: bool = False,
     compression: str = "none",
     dataset_id: str | None = None,
-    readme: str | None = None,
+    readme: Callable[[], str] | None = None,
 ) -> ExportResult:
     """Export the dataset at ``source`` as ``fmt`` (``d4rl`` | ``minari`` | ``hf``) to
-    ``out``; ``readme``: the hf export's card (README.md), rendered by the caller."""
+    ``out``; ``readme``: makes the hf export's card (README.md), once the checks passed."""
     from collect_cli.ops.validate import validate
 
     source, out = Path(source), Path(out)
@@ -140,7 +141,7 @@ def export(
             if fmt == "d4rl":
                 _write_d4rl(src, plan, tmp, compression)
             elif fmt == "hf":
-                write_hf(src, plan, tmp, readme)
+                write_hf(src, plan, tmp, readme() if readme else None)
             else:
                 _write_minari(src, plan, tmp, dataset_id)
                 extra = {"dataset_id": dataset_id, "minari_datasets_path": str(root)}
