@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
-FORMAT_VERSION = 2
-# version 1 (before 2026-12): the dataset's own cuts carried no next/done flag
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+# version 1 (before 2026-12): the dataset's own cuts carried no next/done flag;
+# version 2: no sources table nor episodes/source (one source: the run's policy)
+READABLE_VERSIONS = (1, 2, 3)
 FLAGGED_CUTS_SINCE = 2
+SOURCES_SINCE = 3
 
 # -- statuses --------------------------------------------------------------------------
 RUNNING, COMPLETE, INTERRUPTED = "running", "complete", "interrupted"
@@ -119,6 +121,7 @@ def holds_text(dtype: str) -> bool:
 
 # -- the episodes table ----------------------------------------------------------------
 EPISODES = "episodes"
+SOURCE = "source"  # the column naming each episode's row of the sources table (and exports')
 COLUMNS: dict[str, np.dtype] = {
     "traj_id": np.dtype(np.int64),
     "lane": np.dtype(np.int64),
@@ -128,6 +131,7 @@ COLUMNS: dict[str, np.dtype] = {
     "terminated": np.dtype(bool),
     "truncated": np.dtype(bool),
     "complete": np.dtype(bool),
+    SOURCE: np.dtype(np.int64),  # the row of the sources table whose policy acted
 }
 Rows = dict[str, np.ndarray]
 
@@ -155,9 +159,13 @@ def concat_rows(parts: list[Rows]) -> Rows:
 ACTION_LOG_PROB, VALUE, Q_VALUES = "action_log_prob", "value", "q_values"
 
 
-def return_stats(rows: Rows) -> dict[str, float] | None:
-    """Mean, std, min and max return of the complete episodes; None without one."""
-    returns = np.asarray(rows["return"], np.float64)[np.asarray(rows["complete"], bool)]
+def return_stats(rows: Rows, source: int | None = None) -> dict[str, float] | None:
+    """Mean, std, min and max return of the complete episodes (of one ``source``, or
+    all); None without one."""
+    keep = np.asarray(rows["complete"], bool)
+    if source is not None:
+        keep = keep & (np.asarray(rows["source"]) == source)
+    returns = np.asarray(rows["return"], np.float64)[keep]
     if not len(returns):
         return None
     return {
@@ -188,6 +196,53 @@ LANE_STEPS = "lane_steps"
 # and the user's dataset.* fields, Minari's names (author, ref_min_score...)
 PROVENANCE, DATASET = "provenance", "dataset"
 REF_MIN, REF_MAX = "ref_min_score", "ref_max_score"
+
+
+# -- the sources table (metadata): one row per policy that acted ---------------------------
+SOURCES = "sources"
+# a row's fields (None where unknown); ``origin`` names the dataset a merge took it from
+SOURCE_FIELDS = ("policy", "algorithm", "checkpoint", "sha256", "training_step", "seed", "origin")
+SOURCE_CONFIG = "config"  # and the YAML config of the run (or training) it came from
+# metadata: {key: [source rows]} for frame keys only some sources recorded (a merge of
+# shards whose policy extras differ): elsewhere their frames hold the fill, NaN or 0
+FILLED = "filled"
+
+
+def source_row(
+    policy: str | None, record: dict | None = None, *, training_step: int | None = None,
+    seed: int | None = None, origin: str | None = None, config: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One row of the sources table, from a policy's provenance ``record``."""
+    record = record or {}
+    checkpoint = record.get("checkpoint") or {}
+    step = training_step if training_step is not None else record.get("training_step")
+    values = (policy, record.get("algorithm"), checkpoint.get("name"), checkpoint.get("sha256"))
+    return {
+        **dict(zip(SOURCE_FIELDS, (*values, step, seed, origin), strict=True)),
+        SOURCE_CONFIG: config,
+    }
+
+
+def sources(meta: dict) -> list[dict[str, Any]]:
+    """The dataset's sources table. One written before it (format 2) reads as one
+    source, or one per shard it merged (:func:`legacy_source` says whose rows)."""
+    if meta.get(SOURCES):
+        return list(meta[SOURCES])
+    return [
+        source_row(
+            (e.get(PROVENANCE) or {}).get("policy", e.get("policy")), e.get(PROVENANCE),
+            seed=e.get("seed"), origin=e.get("path"), config=e.get("config"),
+        )
+        for e in meta.get("shards") or [meta]
+    ]  # fmt: skip
+
+
+def legacy_source(meta: dict, lanes: np.ndarray) -> np.ndarray:
+    """``episodes/source`` of a dataset written before the column: the index of the
+    merged shard whose lanes hold each row (0 for a dataset of one run)."""
+    offsets = np.asarray([int(e.get("lane_offset", 0)) for e in meta.get("shards") or [{}]])
+    found = np.searchsorted(offsets, np.asarray(lanes, np.int64), side="right") - 1
+    return np.maximum(found, 0).astype(np.int64)
 
 
 def lane_steps(meta: dict) -> np.ndarray:
@@ -242,11 +297,17 @@ def last_valid(mask: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 # durability D13 (docs/durability.md)
 def tail_rows(
-    traj: np.ndarray, mask: np.ndarray, reward: np.ndarray, ends: np.ndarray, known: set[int]
+    traj: np.ndarray,
+    mask: np.ndarray,
+    reward: np.ndarray,
+    ends: np.ndarray,
+    known: set[int],
+    source: int = 0,
 ) -> Rows:
     """Rows (``complete`` False: the dataset cut them) for each lane's last
     trajectory up to ``ends[lane]`` that has no row in ``known``: the episodes a
-    killed run left running. ``reward`` is each frame's own (:func:`own_step`)."""
+    killed run left running. ``reward`` is each frame's own (:func:`own_step`);
+    ``source``, the sources row they are given (the last: the policy at the kill)."""
     last = last_valid(mask, ends)
     found = []
     for lane in np.flatnonzero(last >= 0):
@@ -263,6 +324,7 @@ def tail_rows(
     values = list(zip(*found, strict=True)) if found else [[]] * 5
     rows = {name: np.asarray(v, COLUMNS[name]) for name, v in zip(COLUMNS, values, strict=False)}
     rows.update({flag: np.zeros(n, bool) for flag in ("terminated", "truncated", "complete")})
+    rows["source"] = np.full(n, source, np.int64)
     return rows
 
 

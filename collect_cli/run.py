@@ -21,7 +21,7 @@ from typing import Any
 
 from collect_cli import __version__, specs
 from collect_cli.config import Settings
-from collect_cli.dataformat import COMPLETE, INTERRUPTED
+from collect_cli.dataformat import COMPLETE, FORMAT_VERSION, INTERRUPTED
 from collect_cli.devices import resolve_device
 from collect_cli.errors import ConfigError, OutputError
 from collect_cli.policies import provenance
@@ -230,7 +230,9 @@ def _run_claimed(settings: Settings, device, storing_device, progress) -> RunRes
                 "env_lanes": collector.lanes,
                 **_stream_options(settings),
                 "config": settings.config_yaml,
-                **provenance.metadata(settings.policy, settings.dataset),
+                **provenance.metadata(
+                    settings.policy, settings.dataset, settings.seed, settings.config_yaml
+                ),
                 **settings.extra_metadata,  # e.g. "sweep": the sweep a shard belongs to
             }
             split = settings.split_trajs
@@ -264,6 +266,12 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
     if meta.get("status") == COMPLETE:
         log.info("%s is complete: nothing to resume", settings.out)
         return RunResult(str(settings.out), done, int(meta.get("episodes", 0)), 0.0, 0.0, COMPLETE)
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(
+            f"cannot resume {str(settings.out)!r}: it is in format_version "
+            f"{meta.get('format_version')} and this rlcollect writes {FORMAT_VERSION}; resume it "
+            "with the rlcollect that wrote it, or start a new dataset"
+        )
     # durability D20: continue only what validates (a resume seals the dataset)
     problems = validate(settings.out)
     if problems:

@@ -15,6 +15,26 @@ from collect_cli.cli.app import app, guarded
 from collect_cli.errors import EXIT_OK, EXIT_RUNTIME, UsageError
 
 DatasetPath = Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 file or memmap dir).")]
+RefMin = Annotated[
+    Path | None,
+    typer.Option("--ref-min", help="A dataset whose mean return scores 0 (e.g. the random one)."),
+]
+RefMax = Annotated[
+    Path | None,
+    typer.Option("--ref-max", help="A dataset whose mean return scores 100 (the expert one)."),
+]
+
+
+def _references(low: Path | None, high: Path | None, path: Path) -> tuple[float, float] | None:
+    """The reference scores ``--ref-min``/``--ref-max`` name, of ``path``'s env."""
+    if low is None and high is None:
+        return None
+    if low is None or high is None:
+        raise UsageError("give both --ref-min and --ref-max (the datasets scoring 0 and 100)")
+    from collect_cli.dataset import open_dataset
+    from collect_cli.ops.summary import reference_scores
+
+    return reference_scores(low, high, open_dataset(path).meta.get("env_id"))
 
 
 @app.command()
@@ -22,13 +42,16 @@ DatasetPath = Annotated[Path, typer.Argument(help="An rlcollect dataset (.h5 fil
 def info(
     path: DatasetPath,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    ref_min: RefMin = None,
+    ref_max: RefMax = None,
 ) -> int:
-    """Show what is in a dataset: frames, episodes, returns, keys, size, status, config."""
+    """Show what is in a dataset: frames, episodes, returns per source, keys, size, status,
+    config."""
 
     from collect_cli.dataset import open_dataset
     from collect_cli.ops.summary import summarize
 
-    data = summarize(open_dataset(path))
+    data = summarize(open_dataset(path), refs=_references(ref_min, ref_max, path))
     if as_json:
         print(json.dumps(data, indent=2))
     else:
@@ -213,10 +236,10 @@ Exit codes: 0 done, 1 unreadable dataset, 2 bad usage or missing dataset.
 """
 
 
-def _datasets_stats(paths: list[Path]) -> list[Any]:
+def _datasets_stats(paths: list[Path], refs: tuple[float, float] | None) -> list[Any]:
     from collect_cli.report.stats import dataset_stats
 
-    return [dataset_stats(p) for p in paths]
+    return [dataset_stats(p, refs) for p in paths]
 
 
 @app.command(help=_REPORT_HELP)
@@ -232,11 +255,14 @@ def report(
         bool, typer.Option("--json", help="Print the numbers behind the plots; write nothing.")
     ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out.")] = False,
+    ref_min: RefMin = None,
+    ref_max: RefMax = None,
 ) -> int:
     if fmt not in ("html", "png"):
         raise UsageError(f"unknown report format {fmt!r}: choose from html, png")
+    refs = _references(ref_min, ref_max, paths[0]) if paths else None
     if as_json:
-        stats = _datasets_stats(paths)
+        stats = _datasets_stats(paths, refs)
         print(json.dumps([s.as_dict() for s in stats], indent=2))
         return EXIT_OK
     from collect_cli.dataset.ownership import claim
@@ -246,7 +272,7 @@ def report(
     with claim(dest, "rlcollect report"):
         replaces = report_html.check_out(dest, paths, overwrite, as_dir=fmt == "png")
         report_html.require_matplotlib()  # the install hint before any dataset is read
-        stats = _datasets_stats(paths)
+        stats = _datasets_stats(paths, refs)
         if fmt == "html":
             page = report_html.render_html(stats).encode("utf-8")
             report_html.write_atomic(dest, page, replaces)
@@ -271,6 +297,8 @@ def card(
         typer.Option("--license", help="License id for the front matter (default: unknown)."),
     ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out.")] = False,
+    ref_min: RefMin = None,
+    ref_max: RefMax = None,
 ) -> int:
     """Write a Markdown dataset card (Hugging Face front matter, summary, schema, loading code)."""
 
@@ -278,8 +306,9 @@ def card(
     from collect_cli.report.card import is_card, render_card
     from collect_cli.report.stats import dataset_stats
 
+    refs = _references(ref_min, ref_max, path)
     if out is None:
-        print(render_card(path, dataset_stats(path), Path.cwd(), license_id), end="")
+        print(render_card(path, dataset_stats(path, refs), Path.cwd(), license_id), end="")
         return EXIT_OK
     from collect_cli.report.html import write_atomic
 
@@ -287,7 +316,7 @@ def card(
         replaces = check_destination(
             out, overwrite=overwrite, inputs=[path], kind="a card", replaceable=is_card
         )
-        text = render_card(path, dataset_stats(path), out.absolute().parent, license_id)
+        text = render_card(path, dataset_stats(path, refs), out.absolute().parent, license_id)
         write_atomic(out, text.encode("utf-8"), replaces)
     return EXIT_OK
 
@@ -337,6 +366,20 @@ def _print_info(data: dict[str, Any]) -> None:
             value = "  ".join(f"{k} {v}" for k, v in value.items())
         summary.add_row(key, str(value))
     console.print(summary)
+    columns: dict[str, list[str]] = {}  # the columns some source fills, in order
+    for row in data["sources"]:
+        mean, score = (row["return"] or {}).get("mean"), row["normalized_score"]
+        cells = {k: row[k] for k in ("source", "policy", "algorithm", "checkpoint")}
+        cells.update(step=row["training_step"], seed=row["seed"], episodes=row["episodes"])
+        cells.update(frames=row["frames"], mean_return=mean and round(mean, 3))
+        cells["score"] = None if score is None else round(score, 1)
+        for name, value in cells.items():
+            columns.setdefault(name, []).append("" if value is None else str(value))
+    shown = {k: v for k, v in columns.items() if any(v)}
+    sources = Table(*(k.replace("_", " ") for k in shown), title="sources")
+    for cells in zip(*shown.values(), strict=True):
+        sources.add_row(*cells)
+    console.print(sources)
     keys = Table("key", "shape", "dtype", title="arrays")
     for item in data["keys"]:
         keys.add_row(item["key"], str(tuple(item["shape"])), item["dtype"])

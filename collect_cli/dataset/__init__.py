@@ -138,8 +138,18 @@ class Dataset:
             return specs.decode_text(array)
         return array
 
-    def episodes(self) -> dict[str, Any]:
-        return {name: self.array(fmt.column(name)) for name in fmt.COLUMNS}
+    def episodes(self) -> fmt.Rows:
+        """The committed rows of the episodes table. A dataset written before the
+        ``source`` column gets it from its shards (``dataformat.legacy_source``)."""
+        count = int(self.meta.get("episodes") or 0)
+        stored = {d[0] for d in self._impl.describe_keys(self.path)}
+        rows = {}
+        for name, dtype in fmt.COLUMNS.items():
+            if fmt.column(name) in stored:
+                rows[name] = np.asarray(self.array(fmt.column(name))[:count], dtype)
+        if fmt.SOURCE not in rows and "lane" in rows:
+            rows[fmt.SOURCE] = fmt.legacy_source(self.meta, rows["lane"])
+        return rows
 
     def load(self):
         """The whole dataset as a TensorDict (memory-mapped or HDF5-backed). A compact

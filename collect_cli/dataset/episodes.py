@@ -76,6 +76,8 @@ class EpisodeTracker:
         self.ret = np.zeros(lanes, np.float64)
         self.traj = np.full(lanes, -1, np.int64)
         self.last_t = np.full(lanes, -1, np.int64)  # each lane's last valid frame
+        self.src = np.zeros(lanes, np.int64)  # the sources row of each running episode
+        self.source = 0  # the sources row whose policy acts now: episodes starting take it
         self.cuts: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 2
 
     def grow(self, lanes: int) -> None:
@@ -85,6 +87,7 @@ class EpisodeTracker:
         self.ret = np.concatenate([self.ret, np.zeros(extra, np.float64)])
         self.traj = np.concatenate([self.traj, np.full(extra, -1, np.int64)])
         self.last_t = np.concatenate([self.last_t, np.full(extra, -1, np.int64)])
+        self.src = np.concatenate([self.src, np.full(extra, self.source, np.int64)])
         self.lanes = lanes
 
     def update(self, batch: Frames, t0: int, lane_start: int = 0) -> Rows:
@@ -102,7 +105,7 @@ class EpisodeTracker:
         nlanes, steps = mask.shape
         group = slice(lane_start, lane_start + nlanes)
         carry_start, carry_len = self.start[group], self.length[group]
-        carry_ret, carry_traj = self.ret[group], self.traj[group]
+        carry_ret, carry_traj, carry_src = self.ret[group], self.traj[group], self.src[group]
 
         # cuts: the next valid frame of the lane has another traj_id, and no done here
         full = bool(mask.all())  # no padding: the next valid frame is the next one
@@ -128,6 +131,7 @@ class EpisodeTracker:
         # (after padding where its previous batch ended early, or a resume point)
         idle = carry_len == 0
         carry_start[idle] = t0 + (first_valid if full else first_valid[idle])
+        carry_src[idle] = self.source
 
         # episodes carried in from the previous batch that a reset cut at its end
         cross = np.flatnonzero(
@@ -135,9 +139,11 @@ class EpisodeTracker:
         )
         cut_rows = None
         if len(cross):
-            cut_rows = self._rows(cross, lane_start, carry_start, carry_len, carry_ret, carry_traj)
+            cut_rows = self._rows(
+                cross, lane_start, carry_start, carry_len, carry_ret, carry_traj, carry_src
+            )
             cut_at = self.last_t[group][cross]
-            carry_len[cross], carry_ret[cross] = 0, 0.0
+            carry_len[cross], carry_ret[cross], carry_src[cross] = 0, 0.0, self.source
             carry_start[cross] = t0 + (first_valid if full else first_valid[cross])
         else:
             cut_at = cross
@@ -155,12 +161,14 @@ class EpisodeTracker:
         prev_len = np.where(first, -carry_len[lanes], cum_len[lanes[prev], ts[prev]])
         complete = done[lanes, ts]
         start = np.where(first, carry_start[lanes], t0 + ts[prev] + 1)
+        source = np.where(first, carry_src[lanes], self.source)
         length = cum_len[lanes, ts] - prev_len
         ret = cum_ret[lanes, ts] - prev_ret
         if not self.by_lane:  # rows in the order episodes end: by time, then lane
             order = np.lexsort((lanes, ts))
             row_lanes, row_ts = lanes[order], ts[order]
             start, length, ret, row_done = start[order], length[order], ret[order], complete[order]
+            source = source[order]
         else:
             row_lanes, row_ts, row_done = lanes, ts, complete
         rows: Rows = {  # each column's dtype is COLUMNS' already (int64, float64, bool)
@@ -172,6 +180,7 @@ class EpisodeTracker:
             "terminated": term[row_lanes, row_ts] & row_done,
             "truncated": trunc[row_lanes, row_ts] & row_done,
             "complete": row_done,
+            fmt.SOURCE: source,
         }
         inner = ~complete
         self.cuts = (
@@ -192,6 +201,7 @@ class EpisodeTracker:
         carry_ret[ended] = tail_ret[ended]
         carry_len[ended] = tail_len[ended]
         carry_start[ended] = t0 + end_t + 1
+        carry_src[ended] = self.source
         if full:
             carry_traj[:] = last_id
             self.last_t[group] = t0 + last_valid
@@ -202,7 +212,7 @@ class EpisodeTracker:
             carry_traj[ended[end_t == last_valid[ended]]] = -1
         return rows if cut_rows is None else concat_rows([cut_rows, rows])
 
-    def _rows(self, lanes, lane_start, start, length, ret, traj) -> Rows:
+    def _rows(self, lanes, lane_start, start, length, ret, traj, src) -> Rows:
         n = len(lanes)
         return {
             "traj_id": traj[lanes].astype(np.int64),
@@ -213,10 +223,11 @@ class EpisodeTracker:
             "terminated": np.zeros(n, bool),
             "truncated": np.zeros(n, bool),
             "complete": np.zeros(n, bool),
+            fmt.SOURCE: src[lanes].astype(np.int64),
         }
 
     def finish(self) -> Rows:
         """Rows for the episodes cut by the end of the run (``complete=False``)."""
         open_lanes = np.flatnonzero((self.length > 0) & (self.traj >= 0))
         self.cuts = (open_lanes.astype(np.int64), self.last_t[open_lanes])
-        return self._rows(open_lanes, 0, self.start, self.length, self.ret, self.traj)
+        return self._rows(open_lanes, 0, self.start, self.length, self.ret, self.traj, self.src)

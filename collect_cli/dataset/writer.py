@@ -85,6 +85,7 @@ class Writer(abc.ABC):
         self._held_rows: list[Rows] = []  # rows not yet stored: the next commit stores them
         self.next_traj_id = 0  # the first trajectory id a continuation may use (reopen)
         self.tracker: EpisodeTracker | None = None
+        self.source = 0  # the sources row (metadata) whose policy acts: episodes starting get it
         self._created = False
         self._closed = False
         self._publish_at: Path | None = None  # where the first commit renames the dataset
@@ -152,15 +153,16 @@ class Writer(abc.ABC):
             self._drop_uncommitted()
             if self.compact and self._created:
                 self._drop_stale_finals()
-            known = self._read(fmt.column("traj_id"))[: self.episodes]
-            self.next_traj_id = int(known.max()) + 1 if len(known) else 0
+            known = self._read(fmt.column("traj_id"))[: self.episodes].tolist()
+            self.next_traj_id = max(known) + 1 if known else 0
             if self._created:
                 traj = self._read(fmt.TRAJ)
                 self.next_traj_id = max(self.next_traj_id, int(traj.max()) + 1)
                 if disk["status"] == fmt.RUNNING:  # killed: its running episodes have no row
                     mask = self._read(fmt.MASK)
                     reward, _ = fmt.own_step(self._get, traj.shape)
-                    rows = fmt.tail_rows(traj, mask, reward, self.cursor, set(known.tolist()))
+                    last = max(0, len(fmt.sources(disk)) - 1)  # the policy at the kill
+                    rows = fmt.tail_rows(traj, mask, reward, self.cursor, set(known), last)
                     self._flag_cuts(*fmt.cut_points(rows, mask, self.cursor))
                     self._add_rows(rows)
             self.commit()
@@ -296,6 +298,7 @@ class Writer(abc.ABC):
                 self._write_finals(finals, self.finals)
                 self.finals += len(finals[fmt.FINAL_TIME_KEY])
             arrays = dict(items)
+            self.tracker.source = self.source
             rows = self.tracker.update(arrays, t0, lane_start)
             self._flag_cuts(*self.tracker.cuts)
         except OSError as exc:

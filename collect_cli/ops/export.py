@@ -243,6 +243,8 @@ def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
             )
         f.create_dataset("terminals", data=plan.terminals)
         f.create_dataset("timeouts", data=plan.timeouts)
+        # each frame's row of metadata/sources (the policy that acted)
+        f.create_dataset("infos/source", data=np.repeat(plan.sources, plan.lengths))
         offset = 0
         for block in blocks(src, keys, plan.keep):
             count = len(next(iter(block.values())))
@@ -271,6 +273,7 @@ def _write_d4rl(src: Source, plan: Plan, path: Path, compression: str) -> None:
             "incomplete_episodes": plan.incomplete,
             "incomplete": "dropped" if plan.dropped else INCOMPLETE_END["d4rl"],
             "episode_order": "lane, then time",
+            fmt.SOURCES: json.dumps(fmt.sources(meta)),
         }
         for name, value in {**values, **provenance.d4rl_metadata(meta)}.items():
             if value is not None:
@@ -357,8 +360,8 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
     if buffers:
         storage.update_episodes(buffers)
     storage.update_episode_metadata(
-        {"rlcollect_traj_id": int(i), "rlcollect_complete": bool(c)}
-        for i, c in zip(plan.traj_ids, plan.complete, strict=True)
+        {"rlcollect_traj_id": int(i), "rlcollect_complete": bool(c), "rlcollect_source": int(s)}
+        for i, c, s in zip(plan.traj_ids, plan.complete, plan.sources, strict=True)
     )
     storage.update_metadata(
         {
@@ -380,6 +383,7 @@ def _write_minari(src: Source, plan: Plan, path: Path, dataset_id: str) -> None:
                 "incomplete": "dropped" if plan.dropped else INCOMPLETE_END["minari"],
                 "episode_order": "lane, then time",
                 provenance.PROVENANCE: meta.get(provenance.PROVENANCE),
+                fmt.SOURCES: fmt.sources(meta),  # rlcollect_source of an episode: its row
             },
             **provenance.minari_metadata(meta),
         }

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from collect_cli import __version__
+from collect_cli import dataformat as fmt
 from collect_cli.errors import UsageError
 from collect_cli.ops.frames import INCOMPLETE_END, Plan, Source, blocks, d4rl_name
 
@@ -78,6 +79,7 @@ def write_hf(src: Source, plan: Plan, path: Path, readme: str | None) -> None:
         frames = {k: v[: stop - first] for k, v in joined.items()}
         frames.update({flag: values[first:stop] for flag, values in flags.items()})
         table = _table(pa, frames, plan.lengths[episode:last], names, shapes)
+        table = table.append_column(fmt.SOURCE, pa.array(plan.sources[episode:last], pa.int64()))
         if writer is None or written >= SHARD_BYTES:
             if writer is not None:
                 writer.close()
@@ -158,4 +160,5 @@ def _metadata(src: Source, plan: Plan, shapes: dict[str, list[int]]) -> dict[str
         "observation_space": meta.get("observation_space"),
         "action_space": meta.get("action_space"),
         "provenance": meta.get("provenance"),
+        fmt.SOURCES: fmt.sources(meta),  # the source column of an episode: its row
     }

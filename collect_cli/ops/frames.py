@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from collect_cli import dataformat as fmt
-from collect_cli.dataformat import COLUMNS
 from collect_cli.dataset import Dataset
 from collect_cli.errors import DatasetError
 
@@ -53,8 +52,7 @@ class Source:
         return fmt.fixed_bytes(array) if key in self.text else array
 
     def episode_rows(self) -> dict[str, np.ndarray]:
-        count = int(self.meta.get("episodes", 0))
-        return {name: self.ds.array(fmt.column(name))[:count] for name in COLUMNS}
+        return self.ds.episodes()
 
     def close(self) -> None:
         self._reading.close()
@@ -71,6 +69,7 @@ class Plan:
     starts: np.ndarray  # first exported frame of each episode
     lengths: np.ndarray
     complete: np.ndarray  # per episode: ended by the env (not cut)
+    sources: np.ndarray  # per episode: its row of the sources table
     terminals: np.ndarray  # next/terminated per exported frame
     timeouts: np.ndarray  # truncated, or the last step of an incomplete episode
     incomplete: int  # incomplete episodes in the source
@@ -106,10 +105,22 @@ class Plan:
         complete = np.isin(traj_ids, complete_ids)
         timeouts[(starts + lengths - 1)[~complete]] = True
         terminals = np.concatenate(parts["term"]).astype(bool)
+        sources = episode_sources(rows, traj_ids, len(fmt.sources(src.meta)) - 1)
         return cls(
-            keep, int(lengths.sum()), traj_ids, starts, lengths, complete, terminals, timeouts,
-            len(incomplete), drop_incomplete,
+            keep, int(lengths.sum()), traj_ids, starts, lengths, complete, sources, terminals,
+            timeouts, len(incomplete), drop_incomplete,
         )  # fmt: skip
+
+
+def episode_sources(rows: fmt.Rows, traj_ids: np.ndarray, unknown: int) -> np.ndarray:
+    """The sources row of each trajectory of ``traj_ids`` from the episodes ``rows``;
+    ``unknown`` (the last row: the policy at the kill) for one a killed run left
+    without a row."""
+    order = np.argsort(rows["traj_id"], kind="stable")
+    known = rows["traj_id"][order]
+    at = np.minimum(np.searchsorted(known, traj_ids), max(0, len(known) - 1))
+    found = (known[at] == traj_ids) if len(known) else np.zeros(len(traj_ids), bool)
+    return np.where(found, rows[fmt.SOURCE][order][at] if len(known) else unknown, unknown)
 
 
 def blocks(src: Source, keys: list[str], keep: np.ndarray) -> Iterator[dict[str, np.ndarray]]:

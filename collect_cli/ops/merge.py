@@ -68,6 +68,7 @@ class Shard:
     cuts: tuple[np.ndarray, np.ndarray] | None = None  # (lanes, times) a kill cut, unflagged
     lane_offset: int = 0
     traj_offset: int = 0
+    source_offset: int = 0
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -119,8 +120,7 @@ def _load(path: Path) -> Shard:
     if not meta["frames"] or TRAJ not in arrays or MASK not in arrays:
         raise MergeError(f"shard {str(path)!r} holds no committed frames: leave it out")
     lanes, steps = int(meta["lanes"]), int(meta["steps"])
-    count = int(meta["episodes"])
-    rows = {name: np.asarray(column[:count]) for name, column in ds.episodes().items()}
+    rows = ds.episodes()
     shard = Shard(path, ds, arrays, lanes, steps, fmt.lane_steps(meta), rows)
     if meta["status"] == fmt.RUNNING:  # killed: its running episodes have no row yet
         with ds.reader() as read:
@@ -193,10 +193,11 @@ def _check(shards: list[Shard], allow_incomplete: bool) -> None:
 
 
 def _place(shards: list[Shard]) -> None:
-    lanes = traj = 0
+    lanes = traj = sources = 0
     for shard in shards:
-        shard.lane_offset, shard.traj_offset = lanes, traj
+        shard.lane_offset, shard.traj_offset, shard.source_offset = lanes, traj, sources
         lanes += shard.lanes
+        sources += len(fmt.sources(shard.meta))
         ids = shard.rows["traj_id"]
         traj += int(ids.max()) + 1 if len(ids) else 0
 
@@ -207,6 +208,7 @@ def _rows(shards: list[Shard]) -> Rows:
         rows = dict(shard.rows)
         rows["traj_id"] = rows["traj_id"] + shard.traj_offset
         rows["lane"] = rows["lane"] + shard.lane_offset
+        rows[fmt.SOURCE] = rows[fmt.SOURCE] + shard.source_offset
         parts.append(rows)
     return {k: np.ascontiguousarray(v, COLUMNS[k]) for k, v in concat_rows(parts).items()}
 
@@ -247,6 +249,7 @@ def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dic
         # a virtual merge reads the shards' chunks: their codec's plugin is needed too
         fmt.CODEC: next((s.meta[fmt.CODEC] for s in shards if virtual and _plugin(s)), None),
         "shards": [_shard_entry(s, dest) for s in shards],
+        fmt.SOURCES: _sources(shards, dest),
         **provenance.merged([s.meta for s in shards]),
     }
     for key in fmt.STREAM_KEYS:  # kept where every shard says the same
@@ -257,6 +260,16 @@ def _metadata(shards: list[Shard], dest: Path, rows: Rows, virtual: bool) -> dic
         sweep = first["sweep"]
         meta["sweep"] = {"id": sweep.get("id"), "overrides": sweep.get("overrides")}
     return meta
+
+
+def _sources(shards: list[Shard], dest: Path) -> list[dict[str, Any]]:
+    """The shards' sources tables one after the other; each row names the shard it
+    came from (``origin``) unless it already names an earlier one."""
+    table = []
+    for shard in shards:
+        where = _shard_entry(shard, dest)["path"]
+        table += [{**row, "origin": row.get("origin") or where} for row in fmt.sources(shard.meta)]
+    return table
 
 
 def _plugin(shard: Shard) -> bool:

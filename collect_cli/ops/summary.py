@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from collect_cli import dataformat as fmt
 from collect_cli.dataset import Dataset
+from collect_cli.errors import UsageError
 from collect_cli.policies import provenance
 
 
@@ -32,17 +31,18 @@ def size_bytes(ds: Dataset) -> int:
 
 def episode_rows(ds: Dataset) -> fmt.Rows:
     """The committed rows of the episodes table."""
-    count = int(ds.meta.get("episodes") or 0)
-    if not count:
-        return fmt.empty_rows()
-    return {name: np.asarray(column)[:count] for name, column in ds.episodes().items()}
+    return ds.episodes() if int(ds.meta.get("episodes") or 0) else fmt.empty_rows()
 
 
-def summarize(ds: Dataset, rows: fmt.Rows | None = None) -> dict[str, Any]:
-    """The dataset's summary as JSON-ready data (``rlcollect info --json``)."""
+def summarize(
+    ds: Dataset, rows: fmt.Rows | None = None, refs: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """The dataset's summary as JSON-ready data (``rlcollect info --json``); ``refs``:
+    the reference scores (:func:`reference_scores`), else the dataset's own."""
     meta = ds.meta
     rows = episode_rows(ds) if rows is None else rows
     stats = fmt.return_stats(rows)
+    refs = refs or provenance.ref_scores(meta)
     return {
         "path": str(ds.path),
         "backend": ds.backend,
@@ -64,9 +64,55 @@ def summarize(ds: Dataset, rows: fmt.Rows | None = None) -> dict[str, Any]:
         "start_time": meta.get("start_time"),
         "end_time": meta.get("end_time"),
         "rlcollect_version": meta.get("rlcollect_version"),
-        **provenance.info_fields(meta, stats["mean"] if stats else None),
+        **provenance.info_fields(meta, stats["mean"] if stats else None, refs),
+        fmt.SOURCES: by_source(meta, rows, refs),
         "config": meta.get("config"),
     }
+
+
+def by_source(
+    meta: dict[str, Any], rows: fmt.Rows, refs: tuple[float, float] | None
+) -> list[dict[str, Any]]:
+    """Each row of the sources table (its config left out) with its episodes, frames,
+    return statistics and normalised score."""
+    out = []
+    for i, row in enumerate(fmt.sources(meta)):
+        mine = rows[fmt.SOURCE] == i
+        ret = fmt.return_stats(rows, i)
+        out.append(
+            {
+                fmt.SOURCE: i,
+                **{k: row.get(k) for k in fmt.SOURCE_FIELDS},
+                "episodes": int(mine.sum()),
+                "frames": int(rows["length"][mine].sum()),
+                "return": ret,
+                provenance.NORMALIZED_SCORE: provenance.normalized(ret and ret["mean"], refs),
+            }
+        )
+    return out
+
+
+def reference_scores(low: Path, high: Path, env_id: str | None) -> tuple[float, float]:
+    """``(ref_min_score, ref_max_score)``: the mean returns of the complete episodes of
+    the datasets at ``low`` and ``high`` (a family's random and expert members), which
+    must be of ``env_id``."""
+    from collect_cli.dataset import open_dataset
+
+    scores = []
+    for path in (low, high):
+        ds = open_dataset(path)
+        if env_id is not None and ds.meta.get("env_id") != env_id:
+            raise UsageError(
+                f"reference {str(path)!r} is of env {ds.meta.get('env_id')!r}, not {env_id!r}: "
+                "take the references from the same env"
+            )
+        stats = fmt.return_stats(episode_rows(ds))
+        if stats is None:
+            raise UsageError(f"reference {str(path)!r} holds no complete episode: no score")
+        scores.append(stats["mean"])
+    if scores[0] == scores[1]:
+        raise UsageError(f"the two references score the same ({scores[0]:g}): no scale")
+    return scores[0], scores[1]
 
 
 def codec_words(summary: dict[str, Any]) -> str:

@@ -101,6 +101,8 @@ def _schema(arrays: dict, meta: dict) -> list[str]:
             )
     for column in COLUMNS:
         name = fmt.column(column)
+        if column == fmt.SOURCE and meta["format_version"] < fmt.SOURCES_SINCE:
+            continue  # older datasets have one source, or one per merged shard
         if name not in arrays:
             problems.append(f"missing key {name!r}")
         elif arrays[name][0][0] < meta["episodes"]:
@@ -424,7 +426,15 @@ def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _frames_and_episodes(ds, arrays: dict, notes: list[str]) -> list[str]:
     meta = ds.meta
     conf = settings(meta)
-    rows = {name: np.asarray(ds.array(fmt.column(name))[: meta["episodes"]]) for name in COLUMNS}
+    rows = ds.episodes()
+    table = fmt.sources(meta)
+    outside = np.flatnonzero((rows[fmt.SOURCE] < 0) | (rows[fmt.SOURCE] >= len(table)))
+    if len(outside):
+        i = int(outside[0])
+        return [
+            f"episodes/source row {i} is {rows['source'][i]}: the sources table has "
+            f"{len(table)} row(s)"
+        ]
     stored = {key for key, _, _ in ds.stored()}
     needed = [fmt.FINAL_LANE_KEY, fmt.FINAL_TIME_KEY, *map(fmt.final_key, ds.compact)]
     absent = [fmt.path(k) for k in needed if fmt.path(k) not in stored]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from collect_cli.dataformat import DATASET, PROVENANCE, REF_MAX, REF_MIN
+from collect_cli.dataformat import DATASET, PROVENANCE, REF_MAX, REF_MIN, SOURCES, source_row
 from collect_cli.policies.registry import kind_of
 from collect_cli.schema import DatasetConfig, PolicyConfig
 
@@ -25,10 +25,14 @@ def policy_provenance(cfg: PolicyConfig) -> dict[str, Any]:
     return {"policy": cfg.name, **kind_of(cfg).provenance(cfg)}
 
 
-def metadata(policy: PolicyConfig, dataset: DatasetConfig) -> dict[str, Any]:
-    """The provenance entries of a new dataset's metadata."""
+def metadata(
+    policy: PolicyConfig, dataset: DatasetConfig, seed: int | None = None, config: str | None = None
+) -> dict[str, Any]:
+    """The provenance entries of a new dataset's metadata: its one source is the policy."""
     fields = {k: v for k, v in asdict(dataset).items() if v is not None}
-    return {PROVENANCE: policy_provenance(policy), DATASET: fields}
+    record = policy_provenance(policy)
+    row = source_row(policy.name, record, seed=seed, config=config)
+    return {PROVENANCE: record, DATASET: fields, SOURCES: [row]}
 
 
 def ref_scores(meta: dict[str, Any]) -> tuple[float, float] | None:
@@ -40,21 +44,25 @@ def ref_scores(meta: dict[str, Any]) -> tuple[float, float] | None:
     return float(low), float(high)
 
 
-def normalized_score(meta: dict[str, Any], mean_return: float | None) -> float | None:
-    """D4RL's normalised score ``100 * (R - min) / (max - min)`` with the dataset's
-    reference scores; None without them or without a complete episode."""
-    refs = ref_scores(meta)
+def normalized(mean_return: float | None, refs: tuple[float, float] | None) -> float | None:
+    """D4RL's normalised score ``100 * (R - min) / (max - min)``; None without reference
+    scores or without a complete episode."""
     if mean_return is None or refs is None:
         return None
     return 100.0 * (mean_return - refs[0]) / (refs[1] - refs[0])
 
 
-def info_fields(meta: dict[str, Any], mean_return: float | None) -> dict[str, Any]:
-    """What ``info`` shows of the provenance."""
+def info_fields(
+    meta: dict[str, Any], mean_return: float | None, refs: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """What ``info`` shows of the provenance; ``refs`` replace the dataset's own
+    reference scores."""
+    refs = refs or ref_scores(meta)
     return {
         PROVENANCE: meta.get(PROVENANCE),
         DATASET: meta.get(DATASET) or {},
-        NORMALIZED_SCORE: normalized_score(meta, mean_return),
+        NORMALIZED_SCORE: normalized(mean_return, refs),
+        "reference_scores": list(refs) if refs else None,
     }
 
 

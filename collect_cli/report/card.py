@@ -146,6 +146,22 @@ def render_card(
     lines += [f"> **Note:** {note}" for note in stats.notes]
     lines += ["", "## Summary", "", "| field | value |", "| --- | --- |"]
     lines += [f"| {_md(k)} | {_md(v)} |" for k, v in stats.summary.items()]
+    lines += [
+        "",
+        "## Sources",
+        "",
+        "Each episode's `source` is its row here (the policy whose actions it holds):",
+        "",
+    ]
+    lines += [
+        "| source | policy | algorithm | checkpoint | training step | episodes | mean return |"
+    ]
+    lines += ["| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in stats.sources:
+        mean = (row["return"] or {}).get("mean")
+        cells = [row["source"], row["policy"], row["algorithm"], row["checkpoint"]]
+        cells += [row["training_step"], row["episodes"], None if mean is None else f"{mean:.4g}"]
+        lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
     lines += ["", "## Schema", ""]
     lines += [
         "Frame keys have leading dims `[lanes, time]` (one lane per environment, episodes "

@@ -330,6 +330,23 @@ def summary_table(stats: list[Stats]) -> str:
     return f"<table><tr><th></th>{head}</tr>{''.join(body)}</table>"
 
 
+SOURCE_COLUMNS = ("policy", "algorithm", "checkpoint", "training_step", "seed", "origin")
+
+
+def sources_table(stats: list[Stats]) -> str:
+    """One row per source of each dataset: who acted, and what its episodes hold."""
+    head = ["dataset", "source", *SOURCE_COLUMNS, "episodes", "frames", "mean return", "score"]
+    body = []
+    for name, s in zip(labels(stats), stats, strict=True):
+        for row in s.sources:
+            ret = row["return"] or {}
+            cells = [name, row["source"], *(row[c] for c in SOURCE_COLUMNS), row["episodes"]]
+            cells += [row["frames"], ret.get("mean"), row["normalized_score"]]
+            body.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in cells) + "</tr>")
+    titles = "".join(f"<th>{html.escape(h.replace('_', ' '))}</th>" for h in head)
+    return f"<h3>Sources</h3><table><tr>{titles}</tr>{''.join(body)}</table>" if body else ""
+
+
 def _padding_table(stats: list[Stats]) -> str:
     names = labels(stats)
     shown = [(n, s) for n, s in zip(names, stats, strict=True) if s.padding]
@@ -378,7 +395,7 @@ def render_html(stats: list[Stats]) -> str:
         images = [png for sid, _, png in figs if sid == section]
         body = []
         if section == "summary":
-            body.append(summary_table(stats))
+            body += [summary_table(stats), sources_table(stats)]
         elif section in ("actions", "observations") and images:
             body.append(_sample_note(stats, ACTION if section == "actions" else OBSERVATION))
         elif section == "images" and images:

@@ -27,7 +27,7 @@ from collect_cli.dataset import Dataset, open_dataset
 from collect_cli.errors import DatasetError
 from collect_cli.ops.frames import Source
 from collect_cli.ops.summary import codec_words, episode_rows, summarize
-from collect_cli.policies.provenance import NORMALIZED_SCORE, ref_scores
+from collect_cli.policies.provenance import NORMALIZED_SCORE
 
 # metadata keys the report reads where the dataset has them
 
@@ -55,6 +55,7 @@ class Stats:
     padding: dict[str, Any]
     lanes: dict[str, list[int]]
     notes: list[str]
+    sources: list[dict[str, Any]] = field(default_factory=list)  # ops.summary.by_source
     strip: dict[str, Any] | None = None
     strip_frames: list[np.ndarray] = field(default_factory=list)  # pixels: not in JSON
 
@@ -69,23 +70,25 @@ class Stats:
             "sample": self.sample,
             "padding": self.padding,
             "lanes": self.lanes,
+            "sources": self.sources,
             "image_strip": self.strip,
             "notes": self.notes,
         }
 
 
-def dataset_stats(path: str | Path) -> Stats:
-    """Read the dataset at ``path`` once and return the numbers behind its report."""
+def dataset_stats(path: str | Path, refs: tuple[float, float] | None = None) -> Stats:
+    """Read the dataset at ``path`` once and return the numbers behind its report;
+    ``refs``: reference scores for the normalised score (else the dataset's own)."""
     ds = open_dataset(path)
     try:
-        return _stats(ds)
+        return _stats(ds, refs)
     except (OSError, KeyError, ValueError, RuntimeError) as exc:
         raise DatasetError(
             f"cannot read {str(path)!r} ({exc}); `rlcollect validate {path}` says what is wrong"
         ) from None
 
 
-def _stats(ds: Dataset) -> Stats:
+def _stats(ds: Dataset, refs: tuple[float, float] | None) -> Stats:
     meta = ds.meta
     rows = episode_rows(ds)
     count = len(rows["traj_id"])
@@ -101,10 +104,12 @@ def _stats(ds: Dataset) -> Stats:
             f"({meta.get('frames', 0)} frames, {count} episodes)"
         )
     obs_space, act_space = _space(meta, "observation_space"), _space(meta, "action_space")
+    one = summarize(ds, rows, refs)
     stats = Stats(
         path=str(ds.path),
         name=ds.path.name,
-        summary=summary(ds, rows, ret, obs_space, act_space),
+        summary=summary(ds, one, ret, obs_space, act_space),
+        sources=one[fmt.SOURCES],
         returns=ret,
         episodes={
             "return_hist": _histogram(returns),
@@ -160,11 +165,10 @@ def provenance(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def summary(ds: Dataset, rows, ret, obs_space, act_space) -> dict[str, Any]:
+def summary(ds: Dataset, one: dict[str, Any], ret, obs_space, act_space) -> dict[str, Any]:
     """The summary table's rows (label -> JSON value), in display order: the
     dataset's one summary (``ops.summary``), labelled for people."""
     meta = ds.meta
-    one = summarize(ds, rows)
     out: dict[str, Any] = {
         "path": one["path"],
         "env": one["env_id"],
@@ -182,7 +186,7 @@ def summary(ds: Dataset, rows, ret, obs_space, act_space) -> dict[str, Any]:
     }
     for stat in ("mean", "std", "min", "max"):
         out[f"return {stat}"] = ret[stat] if ret else None
-    refs = ref_scores(meta)
+    refs = one["reference_scores"]
     if refs and ret:
         out["normalised score"] = one[NORMALIZED_SCORE]
         out["reference scores"] = f"{refs[0]:g} .. {refs[1]:g}"

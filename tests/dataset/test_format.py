@@ -83,7 +83,8 @@ def test_episodes_column_paths():
 def test_empty_rows_has_every_column_with_its_dtype():
     rows = fmt.empty_rows()
     assert list(rows) == [
-        "traj_id", "lane", "start", "length", "return", "terminated", "truncated", "complete"
+        "traj_id", "lane", "start", "length", "return", "terminated", "truncated", "complete",
+        "source",
     ]  # fmt: skip
     assert all(len(v) == 0 for v in rows.values())
     assert rows["traj_id"].dtype == np.int64 and rows["return"].dtype == np.float64

@@ -78,7 +78,7 @@ def test_metadata_and_status(tmp_path, backend, batches):
     meta = open_dataset(path).meta
     assert meta["status"] == "interrupted"
     assert meta["frames"] == 2 * batches[0].numel()
-    assert meta["env_id"] == "X" and meta["format_version"] == FORMAT_VERSION == 2
+    assert meta["env_id"] == "X" and meta["format_version"] == FORMAT_VERSION == 3
     assert meta["start_time"] and meta["end_time"]
 
 

@@ -205,8 +205,13 @@ def test_html_page_two_datasets(datasets, tmp_path):
     pend = expected(datasets["pend"])["returns"].mean()
     assert rows["normalised score"][0] == f"{100 * (pend + 1600) / 1600:.4g}"
     assert rows["normalised score"][1] == ""  # cart has no reference scores
+    # sources table: one source each, holding all of its dataset's episodes
+    sources = page.tables[1]
+    assert [row[:3] for row in sources[1:]] == [["pend.h5", "0", "random"], ["cart", "0", "random"]]
+    for row, name in zip(sources[1:], ("pend", "cart"), strict=True):
+        assert row[sources[0].index("episodes")] == f"{len(expected(datasets[name])['rows']['traj_id']):,}"
     # padding table: valid frames per dataset, counted from the mask here
-    padding = {row[0]: row[1:] for row in page.tables[1]}
+    padding = {row[0]: row[1:] for row in page.tables[2]}
     assert padding["valid frames"] == [
         f"{int(expected(datasets[n])['mask'].sum()):,}" for n in ("pend", "cart")
     ]

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import json
+import zipfile
+from pathlib import Path
+
 from collect_cli.errors import ConfigError
 from collect_cli.policies.kind import PolicyKind, file_record, versions
 from collect_cli.policies.sb3.options import Sb3PolicyConfig
@@ -30,6 +34,9 @@ def provenance(cfg: Sb3PolicyConfig) -> dict:
 
     source = resolve(cfg)
     record = {"algorithm": source.algo, "checkpoint": file_record(source.model)}
+    step = training_step(source.model)
+    if step is not None:
+        record["training_step"] = step
     if source.vecnormalize is not None:
         record["vecnormalize"] = file_record(source.vecnormalize)
     if source.zoo_folder is not None:
@@ -37,6 +44,18 @@ def provenance(cfg: Sb3PolicyConfig) -> dict:
     record["deterministic"] = bool(cfg.deterministic)
     record["library_versions"] = versions(*DISTRIBUTIONS)
     return record
+
+
+def training_step(model: Path) -> int | None:
+    """The environment steps the model had trained for when saved (``num_timesteps``
+    in the zip's ``data``), read without SB3; None where the zip does not say."""
+    try:
+        with zipfile.ZipFile(model) as archive:
+            data = json.loads(archive.read("data"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+    step = data.get("num_timesteps") if isinstance(data, dict) else None
+    return int(step) if isinstance(step, (int, float)) else None
 
 
 def env_wrappers(cfg: Sb3PolicyConfig) -> tuple[tuple[str, dict], ...]:
