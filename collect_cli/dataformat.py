@@ -195,6 +195,7 @@ LANE_STEPS = "lane_steps"
 # where the data came from: the policy's checkpoint (name, size, sha256, algorithm...)
 # and the user's dataset.* fields, Minari's names (author, ref_min_score...)
 PROVENANCE, DATASET = "provenance", "dataset"
+DERIVED = "derived"  # what made a dataset from others (filter, split, merge --take)
 REF_MIN, REF_MAX = "ref_min_score", "ref_max_score"
 
 
@@ -206,6 +207,12 @@ SOURCE_CONFIG = "config"  # and the YAML config of the run (or training) it came
 # metadata: {key: [source rows]} for frame keys only some sources recorded (a merge of
 # shards whose policy extras differ): elsewhere their frames hold the fill, NaN or 0
 FILLED = "filled"
+
+
+def fill_value(dtype: np.dtype) -> Any:
+    """What a frame of a :data:`FILLED` key holds where its source did not record it."""
+    kind = np.dtype(dtype).kind
+    return np.nan if kind in "fc" else (b"" if kind == "S" else 0)
 
 
 def source_row(

@@ -21,7 +21,7 @@ from typing import Any
 
 from collect_cli import __version__, specs
 from collect_cli.config import Settings
-from collect_cli.dataformat import COMPLETE, FORMAT_VERSION, INTERRUPTED
+from collect_cli.dataformat import COMPLETE, DERIVED, FORMAT_VERSION, INTERRUPTED
 from collect_cli.devices import resolve_device
 from collect_cli.errors import ConfigError, OutputError
 from collect_cli.policies import provenance
@@ -258,10 +258,15 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
 
     meta = open_dataset(settings.out).meta
     done = int(meta.get("frames", 0))
-    if "merged" in meta:
+    if DERIVED not in meta and "merged" in meta:
         raise ConfigError(
             f"cannot resume {str(settings.out)!r}: it is a merged dataset; resume each shard "
             "(resume=true out=SHARD), then merge them again"
+        )
+    if DERIVED in meta:
+        raise ConfigError(
+            f"cannot resume {str(settings.out)!r}: `rlcollect {meta[DERIVED].get('op')}` made it "
+            "from other datasets; resume those, then make it again"
         )
     if meta.get("status") == COMPLETE:
         log.info("%s is complete: nothing to resume", settings.out)

@@ -208,18 +208,51 @@ def merge(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace --out if it exists.")
     ] = False,
+    keys: Annotated[
+        str,
+        typer.Option(
+            "--keys", help="all: keep policy outputs some shards lack (NaN/0 there); common."
+        ),
+    ] = "all",
+    take: Annotated[
+        str | None,
+        typer.Option("--take", help="Fractions of each shard's episodes, e.g. 1.0,0.5 (copies)."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="--take: seed of the choice.")] = 0,
 ) -> int:
     """Merge shards into one dataset: lanes concatenated, traj ids made unique.
 
     HDF5 shards become virtual datasets (zero-copy; shard paths stored relative to
-    the merged file) unless --copy; memmap shards are copied. Prints a JSON summary.
+    the merged file) unless --copy or --take; memmap shards are copied. Shards may
+    differ in policy outputs and info keys (a random and an SB3 shard): --keys all
+    keeps them, with NaN (or 0) where a shard lacks one (metadata `filled` names the
+    sources that hold it); --keys common drops them. Prints a JSON summary.
     """
 
-    from collect_cli.ops.merge import merge as merge_shards
+    if take is not None:
+        from collect_cli.ops.derive import take as take_from
 
-    result = merge_shards(
-        shards, out, copy=copy, allow_incomplete=allow_incomplete, overwrite=overwrite
-    )
+        try:
+            fractions = [float(x) for x in take.split(",")]
+        except ValueError:
+            raise UsageError(f"--take {take!r}: give fractions like 1.0,0.5") from None
+        result = take_from(
+            shards, out, fractions, seed=seed, which=keys,
+            allow_incomplete=allow_incomplete, overwrite=overwrite,
+        )  # fmt: skip
+    else:
+        from collect_cli.ops.merge import merge as merge_shards
+
+        result = merge_shards(
+            shards, out, copy=copy, allow_incomplete=allow_incomplete, overwrite=overwrite,
+            which=keys,
+        )  # fmt: skip
+    for key in result.get("filled", []):
+        print(
+            f"rlcollect: note: {key!r} is not in every shard: kept, NaN (or 0) where a shard "
+            "lacks it (--keys common drops it)",
+            file=sys.stderr,
+        )
     print(json.dumps(result), flush=True)
     return EXIT_OK
 

@@ -14,7 +14,7 @@ backend holds both parts itself):
   giving ``read(key)``, a sliceable array per stored key, keys joined by ``/``);
   ``lanes_limit(lanes, what)`` (why a dataset cannot hold that many lanes, or
   None); and, where it can hold a merge, ``write_merged(tmp, dest, shards,
-  virtual, meta, rows)`` (``ops/merge.py`` says what a shard gives it).
+  virtual, meta, rows, keys)`` (``ops/merge.py`` says what a shard gives it).
 """
 
 from __future__ import annotations

@@ -57,11 +57,14 @@ class Writer(abc.ABC):
         layout: str = fmt.AUTO,
         owner: int | None = None,
         commit_interval: float = 0.0,
+        rows_given: bool = False,
     ):
         """``owner``: the pid of the run this writer writes for, which the staging
         dataset's name carries (default: this process; a run's writer process has
         the run's). ``commit_interval``: seconds from one commit to the next at least,
-        for ``commit(when_due=True)``."""
+        for ``commit(when_due=True)``. ``rows_given``: the episodes table comes from
+        :meth:`add_rows`, not from the frames (a copy of whole episodes, whose rows
+        say what the frames alone cannot: which were cut, by which source)."""
         self.path = Path(path)
         self.owner = owner or os.getpid()
         self.commit_interval = commit_interval
@@ -85,6 +88,7 @@ class Writer(abc.ABC):
         self._held_rows: list[Rows] = []  # rows not yet stored: the next commit stores them
         self.next_traj_id = 0  # the first trajectory id a continuation may use (reopen)
         self.tracker: EpisodeTracker | None = None
+        self.rows_given = rows_given
         self.source = 0  # the sources row (metadata) whose policy acts: episodes starting get it
         self._created = False
         self._closed = False
@@ -280,7 +284,7 @@ class Writer(abc.ABC):
                 self.lanes = max(self.lanes or 0, lane_start + width)
                 self.meta["lanes"] = self.lanes
                 self.cursor = np.zeros(self.lanes, np.int64)
-                self.tracker = self._tracker(self.lanes)
+                self.tracker = None if self.rows_given else self._tracker(self.lanes)
                 self._plan_layout(items)
                 self._create([(k, a) for k, a in items if k not in self._dropped], self.lanes)
                 self._created = True
@@ -288,7 +292,8 @@ class Writer(abc.ABC):
                 self._grow_lanes(lane_start + width)
                 grown = lane_start + width - self.lanes
                 self.cursor = np.concatenate([self.cursor, np.zeros(grown, np.int64)])
-                self.tracker.grow(lane_start + width)
+                if self.tracker is not None:
+                    self.tracker.grow(lane_start + width)
                 self.lanes = self.meta["lanes"] = lane_start + width
             group = slice(lane_start, lane_start + width)
             t0 = self.next_step(lane_start, width)
@@ -298,9 +303,11 @@ class Writer(abc.ABC):
                 self._write_finals(finals, self.finals)
                 self.finals += len(finals[fmt.FINAL_TIME_KEY])
             arrays = dict(items)
-            self.tracker.source = self.source
-            rows = self.tracker.update(arrays, t0, lane_start)
-            self._flag_cuts(*self.tracker.cuts)
+            rows = fmt.empty_rows()
+            if self.tracker is not None:
+                self.tracker.source = self.source
+                rows = self.tracker.update(arrays, t0, lane_start)
+                self._flag_cuts(*self.tracker.cuts)
         except OSError as exc:
             raise self._os_error(exc) from exc
         self.cursor[group] = t0 + steps
@@ -314,6 +321,10 @@ class Writer(abc.ABC):
         """The time step :meth:`append` puts the next batch of lanes ``lane_start...`` at."""
         group = self.cursor[lane_start : lane_start + width]
         return int(group.max()) if len(group) else 0
+
+    def add_rows(self, rows: Rows) -> None:
+        """Add episode rows (a writer with ``rows_given``), stored at the next commit."""
+        self._add_rows({name: np.asarray(rows[name], dtype) for name, dtype in fmt.COLUMNS.items()})
 
     def _add_rows(self, rows: Rows) -> None:
         """Count episode rows now, store them at the next commit: one write a commit

@@ -44,9 +44,10 @@ from collect_cli.dataset.ownership import (
     staging_name,
 )
 from collect_cli.dataset.writer import now
-from collect_cli.errors import MergeError, WriteError
+from collect_cli.errors import MergeError, UsageError, WriteError
 from collect_cli.policies import provenance
 
+KEYS = ("all", "common")  # merge --keys: which frame keys the merged dataset has
 WINDOW_BYTES = 32 << 20  # copies go through memory in blocks of about this size
 FLAGGED = (fmt.path(fmt.DONE_KEY), fmt.path(fmt.TRUNCATED_KEY))  # set where a kill cut a lane
 SAME = (
@@ -172,13 +173,15 @@ def _check(shards: list[Shard], allow_incomplete: bool) -> None:
                     f"{_short(theirs)}: their frames mean different things"
                 )
         for a, b in ((first, shard), (shard, first)):
-            extra = sorted(set(a.arrays) - set(b.arrays))
+            extra = sorted(k for k in set(a.arrays) - set(b.arrays) if not fillable(k))
             if extra:
                 raise MergeError(
                     f"shards differ in keys: {str(a.path)!r} has {extra[0]!r}, "
-                    f"{str(b.path)!r} has not"
+                    f"{str(b.path)!r} has not (only policy outputs and info keys may differ)"
                 )
         for key, (shape, dtype) in shard.arrays.items():
+            if key not in first.arrays:
+                continue  # compared with the first shard that has it, by keys()
             ref_shape, ref_dtype = first.arrays[key]
             if dtype != ref_dtype:
                 raise MergeError(
@@ -190,6 +193,51 @@ def _check(shards: list[Shard], allow_incomplete: bool) -> None:
                     f"shards differ in the shape of {key!r}: {list(ref_shape[2:])} per frame "
                     f"in {p0!r}, {list(shape[2:])} in {p!r}"
                 )
+
+
+def fillable(key: str) -> bool:
+    """Whether shards may differ in having ``key``: what a policy or an env's infos
+    add beside the transition (``action_log_prob``, ``info/...``), never the
+    transition's own keys nor the collector's."""
+    parts = fmt.key_of(key)
+    own = (fmt.OBSERVATION, fmt.ACTION, fmt.COLLECTOR, fmt.FINAL, *fmt.FLAGS)
+    if parts[0] == fmt.NEXT:
+        parts = parts[1:]
+        own = (fmt.OBSERVATION, *fmt.FLAGS, fmt.REWARD_KEY[1], fmt.ORIGINAL_REWARD_KEY[1])
+    return parts[0] not in own and fmt.path(parts) not in (fmt.STEP_COUNT, *fmt.STEPS_TO_NEXT_KEY)
+
+
+def keys(shards: list[Shard], which: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The merged frame keys and their per-frame shape and dtype: every shard's
+    (``all``), or only those every shard has (``common``); first seen, first."""
+    found: dict[str, tuple[tuple[int, ...], str]] = {}
+    for shard in shards:
+        for key, (shape, dtype) in shard.arrays.items():
+            if key in found:
+                continue
+            holders = [s for s in shards if key in s.arrays]
+            for other in holders:
+                theirs = other.arrays[key]
+                if theirs[1] != dtype or theirs[0][2:] != shape[2:]:
+                    raise MergeError(
+                        f"shards differ in {key!r}: {list(shape[2:])} {dtype} in "
+                        f"{str(shard.path)!r}, {list(theirs[0][2:])} {theirs[1]} in "
+                        f"{str(other.path)!r}"
+                    )
+            if which == "all" or len(holders) == len(shards):
+                found[key] = (shape[2:], dtype)
+    return found
+
+
+def _filled(shards: list[Shard], merged: dict[str, Any]) -> dict[str, list[int]]:
+    """``dataformat.FILLED``: for each key some shards lack, the source rows that hold it."""
+    out = {}
+    for key in merged:
+        holders = [s for s in shards if key in s.arrays]
+        if len(holders) < len(shards):
+            rows = [s.source_offset + i for s in holders for i in range(len(fmt.sources(s.meta)))]
+            out[key] = rows
+    return out
 
 
 def _place(shards: list[Shard]) -> None:
@@ -301,11 +349,17 @@ def merge(
     copy: bool = False,
     allow_incomplete: bool = False,
     overwrite: bool = False,
+    which: str = "all",
 ) -> dict[str, Any]:
-    """Merge the datasets at ``paths`` into ``dest``; return a summary of the result."""
+    """Merge the datasets at ``paths`` into ``dest``; return a summary of the result.
+    ``which``: the frame keys kept where shards differ in their policy outputs or info
+    keys: ``all`` (frames of shards without one hold NaN or 0, ``dataformat.FILLED``)
+    or ``common``."""
     dest = Path(dest)
     if not paths:
         raise MergeError("name the shards to merge")
+    if which not in KEYS:
+        raise UsageError(f"--keys {which!r}: choose from {', '.join(KEYS)}")
     with claim(dest, "rlcollect merge"):  # durability D17
         # durability D18: never an input, nor what an input's virtual datasets read
         replaces = check_destination(dest, overwrite=overwrite, inputs=paths)
@@ -320,16 +374,20 @@ def merge(
             seen[where] = shard.path
         _check(shards, allow_incomplete)
         _place(shards)
+        merged = keys(shards, which)
         rows = _rows(shards)
         backend = shards[0].ds.backend
         virtual = BACKENDS[backend].links and not copy
         meta = _metadata(shards, dest, rows, virtual)
+        if filled := _filled(shards, merged):
+            meta[fmt.FILLED] = filled
         if why := backend_module(backend).lanes_limit(meta["lanes"], "lanes"):
             raise MergeError(f"{why}: merge fewer shards (memmap datasets have no such limit)")
         remove_leftovers(dest)
         tmp = staging_name(dest, "merging")
         try:
-            backend_module(backend).write_merged(tmp, dest, shards, virtual, meta, rows)
+            write = backend_module(backend).write_merged
+            write(tmp, dest, shards, virtual, meta, rows, merged)
             publish(tmp, dest, replaces)
         except BaseException as exc:
             with contextlib.suppress(OSError):
@@ -349,4 +407,6 @@ def merge(
         "lanes": meta["lanes"],
         "steps": meta["steps"],
         "status": meta["status"],
+        "filled": sorted(filled),
+        "dropped": sorted({k for s in shards for k in s.arrays} - set(merged)),
     }

@@ -74,6 +74,12 @@ def made(request, tmp_path_factory):
         "b": ("env=CartPole", "seed=1", "total_frames=600"),  # longer: time is padded
         "pend": ("env=Pendulum", "total_frames=200"),
         "gauss": ("env=Pendulum", "total_frames=200", "policy=python", f"{TARGET}:gaussian"),
+        "capped": (
+            "env=gym",
+            "env.id=sweepenvs:WideObs-v0",
+            "total_frames=200",
+            "max_frames_per_traj=50",
+        ),
         "narrow": ("env=gym", "env.id=sweepenvs:WideObs-v0", "total_frames=200"),
         "wide": (
             "env=gym",
@@ -138,7 +144,7 @@ def test_merge_concatenates_lanes_pads_time_offsets_ids(made, tmp_path):
     [
         (("a", "pend"), "shards differ in env: "),
         (("narrow", "wide"), "shards differ in observation space: "),
-        (("pend", "gauss"), "shards differ in keys: "),
+        (("narrow", "capped"), "shards differ in keys: "),  # step_count: not a policy output
         (("a", "f64"), "shards differ in the dtype of 'next/reward': float32 in "),
         (("a", "missing"), "no dataset at "),
         (("a", "a"), "is named twice"),

@@ -209,7 +209,8 @@ def test_html_page_two_datasets(datasets, tmp_path):
     sources = page.tables[1]
     assert [row[:3] for row in sources[1:]] == [["pend.h5", "0", "random"], ["cart", "0", "random"]]
     for row, name in zip(sources[1:], ("pend", "cart"), strict=True):
-        assert row[sources[0].index("episodes")] == f"{len(expected(datasets[name])['rows']['traj_id']):,}"
+        episodes = len(expected(datasets[name])["rows"]["traj_id"])
+        assert row[sources[0].index("episodes")] == f"{episodes:,}"
     # padding table: valid frames per dataset, counted from the mask here
     padding = {row[0]: row[1:] for row in page.tables[2]}
     assert padding["valid frames"] == [
