@@ -27,10 +27,13 @@ from collect_cli.dataformat import MASK, TRAJ
 from collect_cli.dataset import make_writer
 from collect_cli.dataset.fsio import publish
 from collect_cli.dataset.ownership import Identity, remove_leftovers, remove_output, staging_name
-from collect_cli.errors import UsageError, WriteError
+from collect_cli.errors import DatasetError, UsageError, WriteError
 from collect_cli.ops.merge import Shard
 
 WINDOW_BYTES = 32 << 20  # frames go through memory in blocks of about this size
+# read all lanes' span at once where that reads at most this many times the kept frames,
+# or at most SPAN_BYTES a key: one HDF5 call a key, not one a lane (chunks span lanes)
+SPAN_FACTOR, SPAN_BYTES = 4, 128 << 20
 # what a run's metadata holds that a copy recomputes or must not inherit
 RECOMPUTED = ("status", "frames", "steps", "episodes", "lanes", fmt.LANE_STEPS, "start_time")
 RECOMPUTED += ("end_time", "resumed", fmt.CODEC, fmt.LAYOUT, fmt.COMPACT_KEYS, "commit_0")
@@ -43,19 +46,45 @@ class Lanes:
 
     def __init__(self, shard: Shard, read: Callable[[str], Any], kept_ids: np.ndarray):
         self.shard = shard
-        self.times: list[np.ndarray] = []
-        for lane, steps in enumerate(shard.lane_steps.tolist()):
-            traj = np.asarray(read(TRAJ)[lane, :steps])
-            valid = np.asarray(read(MASK)[lane, :steps]).astype(bool)
-            self.times.append(np.flatnonzero(valid & np.isin(traj, kept_ids)))
+        ends = shard.lane_steps
+        parts: list[list[np.ndarray]] = [[] for _ in range(shard.lanes)]
+        window = max(1, WINDOW_BYTES // (9 * max(1, shard.lanes)))  # traj and mask
+        for t0 in range(0, shard.steps, window):
+            t1 = min(shard.steps, t0 + window)
+            traj = np.asarray(read(TRAJ)[:, t0:t1])
+            kept = np.asarray(read(MASK)[:, t0:t1]).astype(bool) & np.isin(traj, kept_ids)
+            kept &= np.arange(t0, t1)[None, :] < ends[:, None]  # committed frames only
+            lanes, times = np.nonzero(kept)
+            cuts = np.searchsorted(lanes, np.arange(1, shard.lanes))
+            for lane, found in enumerate(np.split(times + t0, cuts)):
+                parts[lane].append(found)
+        self.times = [np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts]
         self.steps = max((len(t) for t in self.times), default=0)
 
     def moved(self, rows: fmt.Rows, lane_offset: int, traj: np.ndarray) -> fmt.Rows:
         """``rows`` (kept, of this input) at their place in the output: lane offset,
-        start where the episode's first frame went, the trajectory ids ``traj``."""
+        start where the episode's first frame went, the trajectory ids ``traj``;
+        a :class:`DatasetError` where the frames are not where the rows say."""
         rows = {k: np.array(v, copy=True) for k, v in rows.items()}
-        for i, (lane, start) in enumerate(zip(rows["lane"], rows["start"], strict=True)):
-            rows["start"][i] = np.searchsorted(self.times[lane], start)
+        counts = np.array([len(t) for t in self.times], np.int64)
+        base = np.concatenate([[0], np.cumsum(counts)])
+        span = int(self.shard.steps) + 1  # one sorted key a kept frame: lane, then time
+        keys = np.concatenate(
+            [t + lane * span for lane, t in enumerate(self.times)] or [np.zeros(0, np.int64)]
+        )
+        wanted = rows["lane"] * span + rows["start"]
+        at = np.searchsorted(keys, wanted)
+        found = at < len(keys)
+        found[found] = keys[at[found]] == wanted[found]
+        per_lane = np.bincount(rows["lane"], rows["length"], minlength=len(counts))
+        fits = at + rows["length"] <= base[rows["lane"] + 1]
+        if not (found.all() and fits.all() and (per_lane == counts).all()):
+            bad = int(np.flatnonzero(~(found & fits))[0]) if not (found & fits).all() else 0
+            raise DatasetError(
+                f"{str(self.shard.path)!r}: episode traj_id {rows['traj_id'][bad]} does not "
+                f"match its frames; `rlcollect validate {self.shard.path}` says what is wrong"
+            )
+        rows["start"] = at - base[rows["lane"]]
         rows["lane"] = rows["lane"] + lane_offset
         rows["traj_id"] = traj
         return rows
@@ -94,15 +123,29 @@ def _batches(
                 else (fmt.fill_value(dtype) if key not in lanes.shard.arrays else 0)
             )
             out[key] = np.full((nlanes, t1 - t0, *feat), fill, np.dtype(dtype))
-        for lane, times in enumerate(lanes.times):
-            mine = times[t0:t1]
-            if not len(mine):
+        picks = [(lane, times[t0:t1]) for lane, times in enumerate(lanes.times)]
+        picks = [(lane, mine) for lane, mine in picks if len(mine)]
+        if not picks:
+            continue
+        lo = min(int(mine[0]) for _, mine in picks)
+        hi = max(int(mine[-1]) for _, mine in picks) + 1
+        needed = sum(len(mine) for _, mine in picks)
+        for key, (feat, dtype) in keys.items():
+            if key not in lanes.shard.arrays:
                 continue
-            lo, hi = int(mine[0]), int(mine[-1]) + 1
-            for key in keys:
-                if key in lanes.shard.arrays:
-                    block = np.asarray(read(key)[lane, lo:hi])
-                    out[key][lane, : len(mine)] = block[mine - lo]
+            stored = read(key)
+            frame = max(1, int(np.prod(feat))) * np.dtype(dtype).itemsize
+            spread = (hi - lo) * nlanes
+            together = spread <= SPAN_FACTOR * needed or spread * frame <= SPAN_BYTES
+            span = np.asarray(stored[:, lo:hi]) if together else None
+            for lane, mine in picks:
+                if span is not None:
+                    block, first = span[lane], lo
+                else:
+                    block = np.asarray(stored[lane, int(mine[0]) : int(mine[-1]) + 1])
+                    first = int(mine[0])
+                np.take(block, mine - first, axis=0, out=out[key][lane, : len(mine)])
+        for lane, mine in picks:
             out[TRAJ][lane, : len(mine)] += traj_offset
             ends = cut_ends.get(lane, np.zeros(0, np.int64))
             ends = ends[(ends >= t0) & (ends < t1)] - t0
