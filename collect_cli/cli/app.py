@@ -54,6 +54,17 @@ class _StopOnce:
 STOP = _StopOnce()
 
 
+def import_torch_held() -> None:
+    """Import torch and tensordict with the stop signals held, and take a stop that
+    came meanwhile right after: a KeyboardInterrupt inside torch's import leaves a
+    half-made module whose teardown at exit can abort the process (SIGABRT, not 130)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        import tensordict  # noqa: F401  (and torch)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _trap_stop_signals() -> None:
     if threading.current_thread() is threading.main_thread():
         STOP.fired = STOP.raised = False

@@ -230,6 +230,9 @@ def merge(
     """
 
     if take is not None:
+        from collect_cli.cli.app import import_torch_held
+
+        import_torch_held()  # the writer's
         from collect_cli.ops.derive import take as take_from
 
         try:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from collect_cli.cli.app import app, guarded
+from collect_cli.cli.app import app, guarded, import_torch_held
 from collect_cli.cli.datasets import DatasetPath
 from collect_cli.errors import EXIT_OK
 
@@ -55,6 +55,7 @@ def filter_(
     left, --out an input).
     """
 
+    import_torch_held()  # the writer's
     from collect_cli.ops.derive import filter_dataset
     from collect_cli.ops.select import Conditions
 
@@ -88,6 +89,7 @@ def split(
     halves. Prints a JSON summary. Exit codes as for filter.
     """
 
+    import_torch_held()  # the writer's
     from collect_cli.ops.derive import split_dataset
 
     result = split_dataset(path, out, val, seed=seed, overwrite=overwrite)

@@ -213,3 +213,50 @@ def test_bad_requests_exit_2_and_create_nothing(family, tmp_path, args, words):
     assert words in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
     assert sorted(p.name for p in family["root"].iterdir()) == before
+
+
+def test_minari_export_keeps_each_episodes_source(family, tmp_path, monkeypatch):
+    minari = pytest.importorskip("minari")
+    out = tmp_path / "minari" / "rlcollect" / "pendulum-me-v0"
+    res = run_cli("export", str(family["me"]), "--format", "minari", "--out", str(out))
+    assert res.code == 0, res.stderr
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    dataset = minari.load_dataset("rlcollect/pendulum-me-v0")
+    rows = open_dataset(family["me"]).episodes()
+    source_of = dict(zip(rows["traj_id"].tolist(), rows["source"].tolist(), strict=True))
+    metadata = list(dataset.storage.get_episode_metadata(range(dataset.total_episodes)))
+    assert [m["rlcollect_source"] for m in metadata] == [
+        source_of[m["rlcollect_traj_id"]] for m in metadata
+    ]
+    assert sorted({m["rlcollect_source"] for m in metadata}) == [0, 1]
+    table = dataset.storage.metadata["rlcollect"][fmt.SOURCES]
+    assert [row["policy"] for row in table] == ["random", "sb3"]
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.6, 0.9, 1.2])
+def test_ctrl_c_at_any_moment_leaves_the_whole_output_or_nothing(family, tmp_path, delay):
+    """SIGINT while filter or split runs: exit 130 with nothing at --out, or it had
+    finished (exit 0, a sound output); never a part, never a leftover."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    for command, out in (("filter", tmp_path / "f.h5"), ("split", tmp_path / "s")):
+        extra = ["--top", "0.5"] if command == "filter" else ["--val", "0.5"]
+        args = [command, str(family["me"]), "--out", str(out), *extra]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "collect_cli", *args], cwd=tmp_path, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode in (0, 130), err
+        if proc.returncode == 130:
+            assert not out.exists() and err.strip().splitlines()[-1].endswith("interrupted")
+        else:
+            for path in [out] if command == "filter" else [out / "train.h5", out / "val.h5"]:
+                assert_consistent(path)
+        left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+        assert not left, f"leftovers {left}"
