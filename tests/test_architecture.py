@@ -38,6 +38,7 @@ LAYERS = [
     ("report", {"collect_cli.report"}),
     ("config", {"collect_cli.config"}),  # the Hydra groups: every registry's options
     ("stream", {"collect_cli.stream", "collect_cli.writer_process"}),
+    ("record", {"collect_cli.record"}),  # a training loop's steps into a dataset
     ("run", {"collect_cli.run", "collect_cli.progress", "collect_cli.sweep"}),
     ("cli", {"collect_cli.cli", "collect_cli.__main__"}),
 ]
