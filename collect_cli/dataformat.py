@@ -347,6 +347,13 @@ def cut_points(rows: Rows, mask: np.ndarray, ends: np.ndarray) -> tuple[np.ndarr
     return lanes, last
 
 
+# -- simulator state (record.state=true) -----------------------------------------------
+# state/<leaf>: the state s_t was observed in (next/state/<leaf>: its successor, the
+# true final state at an episode's end); MuJoCo's qpos and qvel, classic control's
+# unwrapped.state as state/values
+STATE, QPOS, QVEL, STATE_VALUES = "state", "qpos", "qvel", "values"
+
+
 # -- observation layouts ---------------------------------------------------------------
 # ``full`` stores next/observation as its own array. ``compact`` stores each observation
 # once: next/observation is the lane's next frame, except where that frame is not the
