@@ -63,15 +63,10 @@ TRAJ, MASK = path(TRAJ_KEY), path(MASK_KEY)
 
 # every dataset has these (prefix match: Dict observations are nested), with dtype kinds
 REQUIRED_FRAME_KEYS: dict[str, str | None] = {
-    OBSERVATION: None,
-    ACTION: None,
-    **{flag: "bool" for flag in FLAGS},
-    path((NEXT, OBSERVATION)): None,
-    path(REWARD_KEY): "float",
-    **{path((NEXT, flag)): "bool" for flag in FLAGS},
-    TRAJ: "int64",
-    MASK: "bool",
-}
+    OBSERVATION: None, ACTION: None, **{flag: "bool" for flag in FLAGS},
+    path((NEXT, OBSERVATION)): None, path(REWARD_KEY): "float",
+    **{path((NEXT, flag)): "bool" for flag in FLAGS}, TRAJ: "int64", MASK: "bool",
+}  # fmt: skip
 
 # -- text (gymnasium Text observations) ---------------------------------------------------
 # In batches and memmap datasets a Text leaf is ``[..., width]`` uint8 (UTF-8, zero padded:
@@ -182,14 +177,8 @@ IDENTITY = ("format_version", "backend")  # metadata every dataset carries: it i
 # metadata that says what a dataset's frames mean (run.py's _stream_options writes them);
 # datasets differing in MEANING (a missing key: its default) never merge
 MEANING = {"postproc": {"name": "none"}, "split_trajs": False, "reset_when_done": True}
-STREAM_KEYS = (
-    *MEANING,
-    "reset_at_each_iter",
-    "max_frames_per_traj",
-    "init_random_frames",
-    "exploration_type",
-    "info_keys",
-)
+STREAM_KEYS = (*MEANING, "reset_at_each_iter", "max_frames_per_traj", "init_random_frames")
+STREAM_KEYS += ("exploration_type", "info_keys")
 REQUIRED_META = ("format_version", "status", "frames", "steps", "episodes", "lanes", "env_id")
 LANE_STEPS = "lane_steps"
 # where the data came from: the policy's checkpoint (name, size, sha256, algorithm...)
