@@ -377,14 +377,15 @@ class Recorder:
         """A sources row for the policy at ``policy_step``: the steps held so far go to
         the writer first (their episodes started under the rows before)."""
         self._flush(commit=False)
+        table = self.writer.meta[fmt.SOURCES]
         row = fmt.source_row(
             self.policy,
             {"algorithm": self.algorithm},
             training_step=policy_step,
             seed=self.seed,
-            config=self._config_text,
+            # once, in the first row: a long training adds a row per episode or so
+            config=None if table else self._config_text,
         )
-        table = self.writer.meta[fmt.SOURCES]
         table.append(row)
         self.writer.source = len(table) - 1
         self._row_step = policy_step
