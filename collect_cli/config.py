@@ -88,6 +88,7 @@ class Settings:
     split_trajs: bool = False
     config_yaml: str = ""
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    record_state: bool = False  # record.state: the simulator state each step
     # recorded with the dataset's metadata, e.g. the sweep a shard belongs to
     extra_metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -198,6 +199,7 @@ def load(cfg: DictConfig) -> Settings:
         split_trajs=run.split_trajs,
         config_yaml=OmegaConf.to_yaml(cfg),
         dataset=_dataset(run.dataset),
+        record_state=bool(run.record.state),
     )
     _combinations(settings)
     return settings

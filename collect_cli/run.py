@@ -122,6 +122,7 @@ def build_collector(
         env_cfg.info_keys,
         device=str(device),
         wrappers=env_wrappers(settings.policy),
+        state=settings.record_state,
     )
     policy = PolicyFactory(settings.policy, str(device), derive_seeds(settings.seed, 1, 2)[0])
     common = {
@@ -181,6 +182,7 @@ def _stream_options(settings: Settings) -> dict[str, Any]:
         "postproc": asdict(settings.postproc),
         **asdict(settings.rollout),
         "info_keys": list(settings.env.info_keys),
+        "record_state": settings.record_state,
     }
 
 
@@ -327,7 +329,14 @@ def _resume(settings: Settings, device, storing_device, progress: ProgressFn | N
                     *(
                         (key, value, meta.get(key, value))
                         for key, value in _stream_options(settings).items()
-                        if key in ("split_trajs", "postproc", "reset_when_done", "info_keys")
+                        if key
+                        in (
+                            "split_trajs",
+                            "postproc",
+                            "reset_when_done",
+                            "info_keys",
+                            "record_state",
+                        )
                     ),
                 )
                 if ours != theirs

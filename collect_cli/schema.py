@@ -48,6 +48,13 @@ class DatasetConfig:
 
 
 @dataclass
+class RecordConfig:
+    """What a run records beside the transitions."""
+
+    state: bool = False  # the simulator state each step (state/..., next/state/...)
+
+
+@dataclass
 class CollectorConfig:
     name: str = MISSING
 
@@ -146,3 +153,4 @@ class RunConfig:
     progress: str = "auto"  # auto | rich | plain | none
     debug: bool = False  # print tracebacks for errors
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    record: RecordConfig = field(default_factory=RecordConfig)

@@ -132,8 +132,8 @@ def test_run_help_names_every_group_option_and_key():
     for field in dataclasses.fields(schema.RunConfig):
         if field.name in config.GROUPS:
             continue
-        if field.name in ("env", "dataset"):
-            sub = field.default_factory() if field.name == "dataset" else schema.EnvConfig
+        if field.name in ("env", "dataset", "record"):
+            sub = schema.EnvConfig if field.name == "env" else field.default_factory()
             names = {f"{field.name}.{f.name}" for f in dataclasses.fields(sub)}
             assert names - {"env.name"} <= words, names - words
         else:

@@ -44,6 +44,7 @@ Keys:   total_frames frames_per_batch device storing_device seed out
         postproc.n postproc.gamma
         dataset.author dataset.author_email dataset.code_permalink
         dataset.description dataset.ref_min_score dataset.ref_max_score
+        record.state
 \b
 Example: rlcollect run env=CartPole total_frames=1e5 writer=memmap out=data/cp
 Sweep:   rlcollect run -m seed=0,1,2,3 [hydra/launcher=joblib|submitit_local]

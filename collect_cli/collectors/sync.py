@@ -286,6 +286,9 @@ class SyncCollector(DevicePathMixin, CollectorBase):
             layout[("step_count",)] = layout[(fmt.NEXT, fmt.STEP_COUNT)] = ((1,), torch.int64)
         for key, shape in zip(self._info_keys, self.env.info_shapes, strict=True):
             layout[key] = (tuple(shape), torch.float64)
+        for keys, shape in zip(*self._state_keys(), strict=True):
+            for key in keys:  # state/<leaf> and next/state/<leaf>
+                layout[key] = (tuple(shape), torch.float64)
         layout[fmt.TRAJ_KEY] = ((), torch.int64)
         layout[fmt.MASK_KEY] = ((), torch.bool)
         held, run_batch = self._memory
@@ -294,6 +297,15 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         buf = {key: torch.zeros(steps, n, *shape, dtype=dt) for key, (shape, dt) in layout.items()}
         buf[fmt.MASK_KEY].fill_(True)
         return TensorDict(buf, batch_size=[steps, n])  # time-major: see __init__
+
+    def _state_keys(self, by_side: bool = False):
+        """record.state's frame keys: per leaf ``(state/<leaf>, next/state/<leaf>)``
+        and the leaves' shapes; ``by_side``: ``((state keys), (next/state keys))``."""
+        leaves = self.env.state_keys
+        pairs = [((fmt.STATE, leaf), (fmt.NEXT, fmt.STATE, leaf)) for leaf in leaves]
+        if by_side:
+            return ([p[0] for p in pairs], [p[1] for p in pairs]), self.env.state_shapes
+        return pairs, self.env.state_shapes
 
     def _leaf_dtype(self, key: tuple[str, ...]) -> np.dtype:
         return self.env.action_leaves[self._act_keys.index(key)].dtype
@@ -338,6 +350,9 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         n_done = bv.done[..., 0]  # [steps, lanes] view of [steps, lanes, 1]: a row is an index
         out_views = [dst for _, dst in policy_views]
         info_views = [v[k] for k in self._info_keys]
+        (state_keys, next_state_keys), _ = self._state_keys(by_side=True)
+        state_views = [v[k] for k in state_keys]
+        next_state_views = [v[k] for k in next_state_keys]
         limit, act, env = self.max_frames_per_traj, self._act, self.env
         if limit > 0:
             count, next_count = v[(fmt.STEP_COUNT,)][..., 0], v[(fmt.NEXT, fmt.STEP_COUNT)][..., 0]
@@ -371,6 +386,10 @@ class SyncCollector(DevicePathMixin, CollectorBase):
             except Exception as exc:
                 raise env_error(env.env_id, exc) from exc
             for dst, src in zip(info_views, step.info or (), strict=True):
+                dst[t] = src
+            for dst, src in zip(state_views, step.state or (), strict=True):
+                dst[t] = src
+            for dst, src in zip(next_state_views, step.next_state or (), strict=True):
                 dst[t] = src
             terminated, truncated = row.terminated, row.truncated
             if limit > 0:

@@ -21,12 +21,13 @@ class EnvBackend:
     max_envs: int  # envs per collector process, at most
     lanes: str  # what a lane is, in words (why max_envs)
     wraps: bool = False  # takes gymnasium wrappers around each env (an RL Zoo env_wrapper)
+    states: bool = False  # records the simulator's state (record.state=true)
 
 
 BACKENDS = {
     "gymnasium": EnvBackend(
         "collect_cli.envs.gymnasium:GymnasiumVecEnv", "gymnasium", 2**14,
-        "one Python env object per lane", wraps=True,
+        "one Python env object per lane", wraps=True, states=True,
     ),
     "envpool": EnvBackend(
         "collect_cli.envs.envpool:EnvpoolVecEnv", "envpool", 2**14, "one C++ env per lane"
@@ -49,10 +50,12 @@ class EnvFactory:
     info_keys: tuple[str, ...] = ()
     device: str = "cpu"  # where env.backend=native runs (the others ignore it)
     wrappers: tuple[tuple[str, dict[str, Any]], ...] = ()  # gymnasium: around each env
+    state: bool = False  # record the simulator's state (backends with ``states``)
 
     def __call__(self):  # -> envs.base.VecEnv
         module, _, name = BACKENDS[self.backend].vec_env.partition(":")
         cls = getattr(importlib.import_module(module), name)
+        extra = {"state": True} if self.state else {}
         return cls(
             self.env_id,
             self.num_envs,
@@ -60,6 +63,7 @@ class EnvFactory:
             tuple(self.info_keys),
             device=self.device,
             wrappers=self.wrappers,
+            **extra,
         )
 
 
@@ -87,6 +91,7 @@ def env_factory(
     info_keys: tuple[str, ...] | list[str] = (),
     device: str = "cpu",
     wrappers: tuple[tuple[str, dict[str, Any]], ...] = (),
+    state: bool = False,
 ) -> EnvFactory:
     """The constructor of ``num_envs`` lanes of ``env_id`` on ``backend``.
 
@@ -94,6 +99,8 @@ def env_factory(
     ``device``: where ``backend="native"`` envs run (``cpu``, ``cuda:N``).
     ``wrappers``: ``("module.Class", kwargs)`` gymnasium wrappers around each env
     (an RL Zoo run's ``env_wrapper``), innermost first; gymnasium backend only.
+    ``state``: also record the simulator's state (``record.state=true``: MuJoCo's
+    qpos and qvel, classic control's ``unwrapped.state``); gymnasium backend only.
     """
     if backend not in BACKENDS:
         raise UsageError(f"unknown env.backend {backend!r}: choose from {', '.join(BACKENDS)}")
@@ -101,6 +108,11 @@ def env_factory(
         raise UsageError(
             f"env wrapper {wrappers[0][0]} (the policy's RL Zoo env_wrapper) wraps gymnasium "
             f"envs: use env.backend=gymnasium, not {backend}"
+        )
+    if state and not BACKENDS[backend].states:
+        raise UsageError(
+            f"record.state=true records the simulator state of gymnasium envs; env.backend="
+            f"{backend} exposes none: use env.backend=gymnasium, or record.state=false"
         )
     return EnvFactory(
         env_id,
@@ -110,4 +122,5 @@ def env_factory(
         tuple(info_keys),
         str(device),
         tuple((path, dict(kw)) for path, kw in wrappers),
+        bool(state),
     )

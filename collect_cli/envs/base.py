@@ -26,6 +26,10 @@ class StepResult:
     terminated: np.ndarray
     truncated: np.ndarray
     info: list[np.ndarray] | None = None  # one float64 array per ``info_keys`` entry
+    # record.state: float64 arrays per ``state_keys`` leaf: s_t, and s_{t+1} (the final
+    # state where the episode ended, before the reset)
+    state: list[np.ndarray] | None = None
+    next_state: list[np.ndarray] | None = None
 
 
 class VecEnv(ABC):
@@ -43,6 +47,8 @@ class VecEnv(ABC):
     torch_on_cpu: bool = False
     info_keys: tuple[str, ...] = ()
     info_shapes: tuple[tuple[int, ...], ...] = ()  # per info key, known after reset
+    state_keys: tuple[str, ...] = ()  # record.state: the state's leaves (state/<leaf>)
+    state_shapes: tuple[tuple[int, ...], ...] = ()  # per state leaf, known after reset
 
     def _init_leaves(self) -> None:
         self.obs_leaves = specs.leaves(self.observation_space, "observation space")
@@ -72,7 +78,10 @@ class VecEnv(ABC):
         for name in ("reward", "terminated", "truncated"):
             getattr(out, name)[...] = getattr(step, name)
         obs = out.next_obs if step.obs is step.next_obs else step.obs
-        return StepResult(obs, out.next_obs, out.reward, out.terminated, out.truncated, step.info)
+        return StepResult(
+            obs, out.next_obs, out.reward, out.terminated, out.truncated, step.info,
+            step.state, step.next_state,
+        )  # fmt: skip
 
     @abstractmethod
     def close(self) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from collect_cli import dataformat as fmt
 from collect_cli import specs
 from collect_cli.envs.base import StepResult, VecEnv
 from collect_cli.errors import CollectionError, UsageError
@@ -73,6 +74,7 @@ class GymnasiumVecEnv(VecEnv):
         info_keys: tuple[str, ...] = (),
         device: str = "cpu",  # gymnasium envs step in numpy
         wrappers: Wrappers = (),
+        state: bool = False,  # record.state: the simulator state at each step
     ):
         kwargs = dict(kwargs or {})
         self._envs = [wrap(make_single(env_id, kwargs), wrappers) for _ in range(num_envs)]
@@ -92,6 +94,36 @@ class GymnasiumVecEnv(VecEnv):
         )
         self._flat_act = not isinstance(self.action_space, (gym.spaces.Dict, gym.spaces.Tuple))
         self._obs = self._empty_obs()
+        self.record_state = state
+        self._state: list[np.ndarray] = []
+
+    def _state_of(self, env: gym.Env) -> list[np.ndarray]:
+        """The simulator state of one env: MuJoCo's qpos and qvel in full (the x
+        position the observation drops included), or classic control's ``state``."""
+        inner = env.unwrapped
+        data = getattr(inner, "data", None)
+        if data is not None and hasattr(data, "qpos") and hasattr(data, "qvel"):
+            return [np.array(data.qpos, np.float64), np.array(data.qvel, np.float64)]
+        if getattr(inner, "state", None) is not None:
+            return [np.asarray(inner.state, np.float64).reshape(-1)]
+        raise UsageError(
+            f"record.state=true: {self.env_id} exposes no simulator state (MuJoCo data or "
+            "unwrapped.state): set record.state=false"
+        )
+
+    def _put_state(self, arrays: list[np.ndarray], lane: int) -> None:
+        for dst, src in zip(arrays, self._state_of(self._envs[lane]), strict=True):
+            dst[lane] = src
+
+    def _start_states(self) -> None:
+        """Each lane's state after a reset of all (and the state leaves, from lane 0)."""
+        first = self._state_of(self._envs[0])
+        mujoco = len(first) == 2
+        self.state_keys = (fmt.QPOS, fmt.QVEL) if mujoco else (fmt.STATE_VALUES,)
+        self.state_shapes = tuple(a.shape for a in first)
+        self._state = [np.empty((self.num_envs, *a.shape), np.float64) for a in first]
+        for lane in range(self.num_envs):
+            self._put_state(self._state, lane)
 
     def _empty_obs(self) -> list[np.ndarray]:
         return [np.empty((self.num_envs, *leaf.shape), leaf.dtype) for leaf in self.obs_leaves]
@@ -118,6 +150,8 @@ class GymnasiumVecEnv(VecEnv):
                     np.shape(info[key]) if key in info else () for key in self.info_keys
                 )
         self._obs = obs
+        if self.record_state:
+            self._start_states()
         return obs
 
     def reset_lanes(self, lanes: np.ndarray, seeds: list[int]) -> list[np.ndarray]:
@@ -125,6 +159,10 @@ class GymnasiumVecEnv(VecEnv):
         for lane, seed in zip(lanes, seeds, strict=True):
             self._put(obs, int(lane), self._envs[int(lane)].reset(seed=int(seed))[0])
         self._obs = obs
+        if self.record_state:
+            self._state = [a.copy() for a in self._state]
+            for lane in lanes:
+                self._put_state(self._state, int(lane))
         return obs
 
     def _info(self, infos: list[dict[str, Any]]) -> list[np.ndarray]:
@@ -162,7 +200,9 @@ class GymnasiumVecEnv(VecEnv):
         terminated, truncated = out.terminated, out.truncated
         infos: list[dict[str, Any]] = []
         resets = []
-        if self._flat_obs and self._flat_act and not self.info_keys:
+        state = self._state if self.record_state else None
+        next_state = [np.empty_like(a) for a in state] if state is not None else None
+        if self._flat_obs and self._flat_act and not self.info_keys and state is None:
             # the common case written out: no per-lane method calls, no info kept
             acts, dst = actions[0], next_obs[0]
             for lane, env in enumerate(self._envs):
@@ -177,6 +217,8 @@ class GymnasiumVecEnv(VecEnv):
                 )
                 self._put(next_obs, lane, obs)
                 infos.append(info)
+                if next_state is not None:
+                    self._put_state(next_state, lane)  # the final state, before a reset
                 if terminated[lane] or truncated[lane]:
                     resets.append((lane, env.reset()[0]))
         obs = next_obs
@@ -185,6 +227,10 @@ class GymnasiumVecEnv(VecEnv):
             for lane, first in resets:
                 self._put(obs, lane, first)
         self._obs = obs
+        if next_state is not None:
+            self._state = [a.copy() for a in next_state] if resets else next_state
+            for lane, _ in resets:
+                self._put_state(self._state, lane)
         return StepResult(
             obs=obs,
             next_obs=next_obs,
@@ -192,6 +238,8 @@ class GymnasiumVecEnv(VecEnv):
             terminated=terminated,
             truncated=truncated,
             info=self._info(infos) if self.info_keys else None,
+            state=state,
+            next_state=next_state,
         )
 
     def close(self) -> None:

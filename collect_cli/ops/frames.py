@@ -167,10 +167,14 @@ def d4rl_name(key: str) -> str | None:
         return "observations" + tail
     if head == fmt.ACTION:
         return "actions" + tail
+    if head == fmt.STATE:  # record.state: D4RL's infos/qpos, infos/qvel
+        return "infos/" + rest
     if head == fmt.NEXT:
         sub, _, deeper = rest.partition("/")
         if sub == fmt.OBSERVATION:
             return "next_observations" + ("/" + deeper if deeper else "")
+        if sub == fmt.STATE:
+            return "infos/next_" + deeper
         if key == REWARD:
             return "rewards"
         return "infos/next/" + rest.removeprefix("info/")

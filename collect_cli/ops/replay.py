@@ -3,10 +3,14 @@
 For each sampled valid frame, a fresh gymnasium env of the dataset's id and
 kwargs is put into the recorded state, steps the recorded action, and its next
 observation, reward and ``terminated`` are compared with the recorded ones. The
-state is rebuilt from the observation where the env's observation holds all of it
-(:data:`REBUILD`: classic control); the comparison tolerances are float32's, as
-the dataset stores observations and rewards in float32. Time limits are not
-replayed (one step of the unwrapped env): ``truncated`` is the run's own record.
+state is the one recorded (``record.state=true``: ``state/qpos`` and
+``state/qvel`` set with MuJoCo's ``set_state``, ``state/values`` as
+``unwrapped.state``), else rebuilt from the observation where it holds all of
+it (:data:`REBUILD`: classic control; :data:`MUJOCO_REBUILD`: MuJoCo envs
+observing ``qpos[1:]`` and ``qvel``, whose dynamics do not depend on the x
+position they drop). The comparison tolerances are float32's, as the dataset
+stores observations and rewards in float32. Time limits are not replayed (one
+step of the unwrapped env): ``truncated`` is the run's own record.
 """
 
 from __future__ import annotations
@@ -39,7 +43,36 @@ REBUILD: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "MountainCarContinuous-v0": lambda o: np.asarray(o, np.float64),
     "Acrobot-v1": lambda o: np.concatenate([_angles(o[:4]), o[4:]]).astype(np.float64),
 }
+# MuJoCo envs whose observation is qpos[1:] then qvel, unclipped (Hopper and Walker2d
+# clip qvel in theirs; Ant, Humanoid add contact forces)
+MUJOCO_REBUILD = ("HalfCheetah-v4", "HalfCheetah-v5")
 KINDS = ("next_observation", "reward", "terminated")
+Setter = Callable[[Any, dict[str, np.ndarray]], None]  # (env, a transition's state) -> None
+
+
+def _setter(env_id: str, keys: set[str]) -> tuple[Setter, list[str]]:
+    """How to put the env into a transition's state, and the frame keys it reads:
+    the recorded state where the dataset has one, else the observation rebuilt."""
+    name = env_id.rpartition(":")[2]
+    qpos, qvel = fmt.path((fmt.STATE, fmt.QPOS)), fmt.path((fmt.STATE, fmt.QVEL))
+    values = fmt.path((fmt.STATE, fmt.STATE_VALUES))
+    if qpos in keys and qvel in keys:
+        return lambda env, s: env.set_state(s[qpos], s[qvel]), [qpos, qvel]
+    if values in keys:
+        return lambda env, s: setattr(env, "state", np.array(s[values])), [values]
+    if name in REBUILD:
+        return lambda env, s: setattr(env, "state", REBUILD[name](s[fmt.OBSERVATION])), []
+    if name in MUJOCO_REBUILD:
+
+        def from_obs(env: Any, s: dict[str, np.ndarray]) -> None:
+            obs, nq = np.asarray(s[fmt.OBSERVATION], np.float64), env.model.nq
+            env.set_state(np.concatenate([[0.0], obs[: nq - 1]]), obs[nq - 1 :])
+
+        return from_obs, []
+    raise UsageError(
+        f"cannot replay {env_id}: its state is not in its observation; collect it with "
+        f"record.state=true (or replay {', '.join((*REBUILD, *MUJOCO_REBUILD))})"
+    )
 
 
 @dataclass
@@ -63,12 +96,7 @@ def replay(path, samples: int | None = None, seed: int = 0) -> Replay:
     ds = open_dataset(path)
     meta = ds.meta
     env_id = str(meta.get("env_id"))
-    name = env_id.rpartition(":")[2]
-    if name not in REBUILD:
-        raise UsageError(
-            f"cannot replay {env_id}: its state is not in its observation (replayable: "
-            f"{', '.join(REBUILD)})"
-        )
+    setter, state_keys = _setter(env_id, {k for k, _, _ in ds.describe()})
     if (meta.get("postproc") or {}).get("name", "none") != "none":
         raise UsageError("cannot replay n-step transitions (postproc=multistep): 1-step only")
     config = yaml.safe_load(meta.get("config") or "") or {}
@@ -87,12 +115,17 @@ def replay(path, samples: int | None = None, seed: int = 0) -> Replay:
         "next_obs": fmt.path(fmt.next_key((fmt.OBSERVATION,))),
         "reward": fmt.path(fmt.REWARD_KEY),
         "terminated": fmt.path(fmt.TERMINATED_KEY),
+        **{key: key for key in state_keys},
     }
     with ds.reader(by_lane=True) as read:
         for lane, times in picks.items():
             steps = int(times.max()) + 1
             rec = {k: np.asarray(read(key)[lane, :steps])[times] for k, key in keys.items()}
-            got = _step_all(env, REBUILD[name], rec["obs"], _actions(env, rec["action"]))
+            states = [
+                {fmt.OBSERVATION: rec["obs"][i], **{k: rec[k][i] for k in state_keys}}
+                for i in range(len(times))
+            ]
+            got = _step_all(env, setter, states, _actions(env, rec["action"]))
             checks = {
                 "next_observation": _close(got[0], rec["next_obs"]),
                 "reward": _close(got[1], rec["reward"]),
@@ -104,16 +137,16 @@ def replay(path, samples: int | None = None, seed: int = 0) -> Replay:
     return out
 
 
-def _step_all(env: Any, rebuild, obs: np.ndarray, actions: list) -> tuple[np.ndarray, ...]:
-    """Each transition stepped from its rebuilt state: (next observations, rewards,
+def _step_all(env: Any, setter: Setter, states: list, actions: list) -> tuple[np.ndarray, ...]:
+    """Each transition stepped from its state: (next observations, rewards,
     terminated). The env is reset after a step that ended an episode (CartPole
     counts steps past its end), so each starts as from a fresh env."""
     nexts, rewards, ends = [], [], []
     ended = True  # whatever the env did before this call
-    for state, action in zip(obs, actions, strict=True):
+    for state, action in zip(states, actions, strict=True):
         if ended:
             env.reset()
-        env.state = rebuild(state)
+        setter(env, state)
         nxt, reward, ended, *_ = env.step(action)
         nexts.append(nxt)
         rewards.append(reward)

@@ -1,0 +1,110 @@
+"""``record.state=true``: the simulator state beside each transition (classic control's
+``unwrapped.state``, MuJoCo's full qpos and qvel), replayed by ``validate --replay``
+and exported as D4RL's ``infos/qpos``; refused where the backend has no state."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from collect_cli import dataformat as fmt
+from collect_cli.dataset import open_dataset
+from tests.helpers import assert_consistent, assert_split_on_done
+from tests.support.cli_runner import run_cli
+
+STATE, NEXT_STATE = "state/values", "next/state/values"
+
+
+def collect(tmp_path, *overrides, name="src.h5"):
+    out = tmp_path / name
+    res = run_cli("run", *overrides, "record.state=true", "progress=none", f"out={out}")
+    assert res.code == 0, res.stderr
+    return out
+
+
+def replayed(path, *args) -> re.Match:
+    res = run_cli("validate", str(path), "--replay", *args)
+    assert res.code == 0, res.stdout + res.stderr
+    found = re.search(r"replayed (\d+) of (\d+) transitions in \S+: 0 mismatches", res.stdout)
+    assert found and found[1] == found[2], res.stdout
+    return found
+
+
+@pytest.mark.parametrize("collector", ["sync", "multisync", "multiasync"])
+def test_classic_control_state_is_the_observed_one_and_the_final_one(tmp_path, collector):
+    overrides = ["env=CartPole", "env.num_envs=2", "total_frames=600", f"collector={collector}"]
+    if collector != "sync":
+        overrides.append("collector.workers=2")
+    out = collect(tmp_path, *overrides)
+    assert_consistent(out)
+    assert assert_split_on_done(out) > 10
+    ds = open_dataset(out)
+    state, nxt = ds.array(STATE), ds.array(NEXT_STATE)
+    obs, next_obs = ds.array(fmt.OBSERVATION), ds.array("next/observation")
+    mask = ds.array(fmt.MASK).astype(bool)
+    # CartPole's observation is its state: s_t and s_t+1 (the final one at an end)
+    np.testing.assert_allclose(state[mask], obs[mask], atol=1e-6)
+    np.testing.assert_allclose(nxt[mask], next_obs[mask], atol=1e-6)
+    assert ds.meta["record_state"] is True
+    replayed(out)
+
+
+def test_pendulum_state_replays_and_a_planted_state_error_is_located(tmp_path):
+    out = collect(tmp_path, "env=Pendulum", "env.num_envs=2", "total_frames=600")
+    replayed(out)
+    copy = tmp_path / "planted.h5"
+    shutil.copy(out, copy)
+    with h5py.File(copy, "r+") as f:
+        f[STATE][1, 57, 1] += 0.5  # the angular velocity of one frame
+    res = run_cli("validate", str(copy), "--replay")
+    assert res.code == 1 and "(lane 1, step 57)" in res.stdout, res.stdout + res.stderr
+
+
+def test_backends_without_state_refuse_it_with_one_line(tmp_path):
+    for backend in ("native", "envpool"):
+        if backend == "envpool":
+            pytest.importorskip("envpool")
+        out = tmp_path / f"{backend}.h5"
+        args = ["env=Pendulum", f"env.backend={backend}", "record.state=true", f"out={out}"]
+        res = run_cli("run", *args, "total_frames=200", "progress=none")
+        assert res.code == 2 and not out.exists()
+        assert f"env.backend={backend} exposes none" in res.stderr.strip().splitlines()[-1]
+
+
+def test_halfcheetah_records_its_full_qpos_replays_and_exports_it(tmp_path):
+    pytest.importorskip("mujoco")
+    out = collect(tmp_path, "env=gym", "env.id=HalfCheetah-v5", "env.num_envs=2",
+                  "total_frames=2000")  # fmt: skip
+    ds = open_dataset(out)
+    qpos, qvel = ds.array("state/qpos"), ds.array("state/qvel")
+    obs = ds.array(fmt.OBSERVATION)
+    assert qpos.shape[-1] == 9 and qvel.shape[-1] == 9
+    np.testing.assert_allclose(obs[..., :8], qpos[..., 1:], atol=1e-6)  # x: not observed
+    np.testing.assert_allclose(obs[..., 8:], qvel, atol=1e-6)
+    assert np.abs(qpos[..., 0]).max() > 0.01  # the x position the observation drops
+    replayed(out)
+    d4rl = tmp_path / "hc.hdf5"
+    assert run_cli("export", str(out), "--format", "d4rl", "--out", str(d4rl)).code == 0
+    with h5py.File(d4rl) as f:
+        assert f["infos/qpos"].shape == (2000, 9) and f["infos/next_qvel"].shape == (2000, 9)
+        np.testing.assert_array_equal(f["infos/qpos"][:1000], qpos[0])  # lane, then time
+
+
+def test_mujoco_replay_without_state_rebuilds_it_or_asks_for_it(tmp_path):
+    pytest.importorskip("mujoco")
+    cheetah = tmp_path / "cheetah.h5"
+    res = run_cli("run", "env=gym", "env.id=HalfCheetah-v5", "total_frames=400",
+                  f"out={cheetah}", "progress=none")  # fmt: skip
+    assert res.code == 0, res.stderr
+    replayed(cheetah)  # qpos[1:] and qvel are observed; x does not change the dynamics
+    hopper = tmp_path / "hopper.h5"
+    res = run_cli("run", "env=gym", "env.id=Hopper-v5", "total_frames=200", f"out={hopper}",
+                  "progress=none")  # fmt: skip
+    assert res.code == 0, res.stderr
+    res = run_cli("validate", str(hopper), "--replay")
+    assert res.code == 2 and "collect it with record.state=true" in res.stderr
+    replayed(collect(tmp_path, "env=gym", "env.id=Hopper-v5", "total_frames=400", name="h.h5"))
