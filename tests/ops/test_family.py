@@ -96,6 +96,8 @@ def test_sources_name_the_policy_that_acted(family):
         assert matches == (source == 1), "an episode's source is the policy that acted"
         assert np.isnan(ep["frames"][fmt.ACTION_LOG_PROB]).all() == (source == 0)
     assert by_source == {0: 24, 1: 24}
+    res = run_cli("validate", str(family["me"]), "--replay")  # the SB3 policy's too
+    assert res.code == 0 and "8000 of 8000 transitions in Pendulum-v1: 0 mismatches" in res.stdout
     for member, source in (("random", 0), ("sac", 1)):  # every member episode, once, same
         for digest, ep in episodes(family[member]).items():
             assert merged[digest]["row"]["source"] == source
