@@ -11,7 +11,7 @@ import atexit
 import os
 import sys
 
-from collect_cli.cli import collect, datasets, family  # noqa: F401  (their commands join the app)
+from collect_cli.cli import collect, datasets, family, render  # noqa: F401  (their commands join the app)
 from collect_cli.cli.app import STOP, app, err
 from collect_cli.errors import EXIT_INTERRUPTED
 

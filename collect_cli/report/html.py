@@ -3,7 +3,8 @@
 Several datasets share each figure, one colour per dataset, so that a medium and
 an expert dataset read side by side. Histograms are drawn as fractions of each
 dataset's own total, so datasets of different sizes compare. The page is
-self-contained: every figure is embedded as a base64 PNG, no script, no network.
+self-contained: every figure is embedded as a base64 PNG (episode clips: GIF), no
+script, no network.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collect_cli.dataformat import ACTION, OBSERVATION
 from collect_cli.dataset.fsio import publish
 from collect_cli.dataset.ownership import Identity, check_destination, remove_output, staging_name
 from collect_cli.errors import UsageError, WriteError
+from collect_cli.report.render import clips_html, viewable  # viewable: as imshow takes it
 from collect_cli.report.stats import MAX_DIMS, Stats
 
 MATPLOTLIB_INSTALL = "pip install 'rlcollect[report]'"
@@ -37,6 +39,7 @@ SECTIONS = (
     ("actions", "Actions"),
     ("observations", "Observations"),
     ("images", "Image observations"),
+    ("clips", "Episode clips"),
     ("padding", "Padding, mask and lanes"),
 )
 STYLE = """
@@ -231,19 +234,6 @@ def _strips(Figure, stats, names):
     return fig
 
 
-def viewable(frame: np.ndarray) -> np.ndarray:
-    """An image frame as imshow takes it: HxW, HxWx3 or HxWx4 (channels first or
-    last; a stack of frames shows its last one)."""
-    while frame.ndim > 3:
-        frame = frame[-1]
-    if frame.ndim == 3 and frame.shape[-1] not in (1, 3, 4):
-        # channels first (1 or 3), or a stack of grey frames (Atari's 4 x 84 x 84)
-        frame = np.moveaxis(frame, 0, -1) if frame.shape[0] in (1, 3) else frame[-1]
-    if frame.ndim == 3 and frame.shape[-1] == 1:
-        frame = frame[..., 0]
-    return frame
-
-
 def _lanes(Figure, stats, names):
     from matplotlib.ticker import MaxNLocator
 
@@ -403,6 +393,8 @@ def render_html(stats: list[Stats]) -> str:
                 '<p class="meta">Frames evenly spaced over one episode (the first complete '
                 "one) of each dataset.</p>"
             )
+        elif section == "clips":  # the best and worst episode of each, animated
+            body += [part for part in [clips_html(stats)] if part]
         elif section == "padding":
             body.append(_padding_table(stats))
         if not body and not images:
