@@ -82,21 +82,32 @@ class Plan:
         keep = np.zeros((src.lanes, src.steps), bool)
         parts: dict[str, list[np.ndarray]] = {k: [] for k in ("ids", "lengths", "term", "trunc")}
         incomplete: set[int] = set()
-        for lane, steps in enumerate(src.lane_steps.tolist()):
-            traj = src.read(TRAJ, lane, 0, steps).reshape(steps)
-            valid = src.read(fmt.MASK, lane, 0, steps).reshape(steps).astype(bool)
+        lane_parts: dict[int, dict[str, list[np.ndarray]]] = {}  # a lane's, window by window
+        for lanes, t0, t1 in windows(src, 11):  # traj, mask, terminated, truncated
+            traj = src.read(TRAJ, lanes, t0, t1).reshape(-1, t1 - t0)
+            valid = src.read(fmt.MASK, lanes, t0, t1).reshape(traj.shape).astype(bool)
+            valid &= np.arange(t0, t1)[None, :] < src.lane_steps[lanes][:, None]
+            term = src.read(TERMINATED, lanes, t0, t1).reshape(traj.shape)
+            trunc = src.read(TRUNCATED, lanes, t0, t1).reshape(traj.shape)
             ended = valid & np.isin(traj, complete_ids)
             incomplete.update(np.unique(traj[valid & ~ended]).tolist())
             kept = ended if drop_incomplete else valid
-            keep[lane, :steps] = kept
-            ids = traj[kept]
-            if not len(ids):
-                continue
-            first = np.flatnonzero(np.append(True, ids[1:] != ids[:-1]))
-            parts["ids"].append(ids[first])
-            parts["lengths"].append(np.diff(np.append(first, len(ids))))
-            parts["term"].append(src.read(TERMINATED, lane, 0, steps).reshape(steps)[kept])
-            parts["trunc"].append(src.read(TRUNCATED, lane, 0, steps).reshape(steps)[kept])
+            keep[lanes, t0:t1] = kept
+            for i, lane in enumerate(range(lanes.start, lanes.stop)):
+                mine = lane_parts.setdefault(lane, {"ids": [], "term": [], "trunc": []})
+                for name, values in (("ids", traj), ("term", term), ("trunc", trunc)):
+                    mine[name].append(values[i][kept[i]])
+                if t1 < src.steps:
+                    continue  # the lane goes on in the next window
+                done = {k: np.concatenate(v) for k, v in lane_parts.pop(lane).items()}
+                ids = done["ids"]
+                if not len(ids):
+                    continue
+                first = np.flatnonzero(np.append(True, ids[1:] != ids[:-1]))
+                parts["ids"].append(ids[first])
+                parts["lengths"].append(np.diff(np.append(first, len(ids))))
+                parts["term"].append(done["term"])
+                parts["trunc"].append(done["trunc"])
         if not parts["ids"]:
             raise DatasetError("nothing to export: every episode is incomplete and was dropped")
         traj_ids, lengths = np.concatenate(parts["ids"]), np.concatenate(parts["lengths"])
@@ -112,6 +123,22 @@ class Plan:
         )  # fmt: skip
 
 
+def windows(src: Source, row_bytes: int) -> Iterator[tuple[slice, int, int]]:
+    """``(lanes, t0, t1)`` blocks of about ``BLOCK_BYTES`` in export order (lane, then
+    time): whole lanes together where they fit (one read a key: chunks span lanes),
+    else one lane in windows of time."""
+    steps = max(1, src.steps)
+    group = BLOCK_BYTES // (steps * max(1, row_bytes))
+    if group >= 2:
+        for l0 in range(0, src.lanes, group):
+            yield slice(l0, min(src.lanes, l0 + group)), 0, src.steps
+        return
+    window = max(1, BLOCK_BYTES // max(1, row_bytes))
+    for lane in range(src.lanes):
+        for t0 in range(0, steps, window):
+            yield slice(lane, lane + 1), t0, min(steps, t0 + window)
+
+
 def episode_sources(rows: fmt.Rows, traj_ids: np.ndarray, unknown: int) -> np.ndarray:
     """The sources row of each trajectory of ``traj_ids`` from the episodes ``rows``;
     ``unknown`` (the last row: the policy at the kill) for one a killed run left
@@ -124,18 +151,20 @@ def episode_sources(rows: fmt.Rows, traj_ids: np.ndarray, unknown: int) -> np.nd
 
 
 def blocks(src: Source, keys: list[str], keep: np.ndarray) -> Iterator[dict[str, np.ndarray]]:
-    """The kept frames of ``keys`` in export order, in blocks of about ``BLOCK_BYTES``."""
+    """The kept frames of ``keys`` in export order, a lane's at a time, read in blocks
+    of about ``BLOCK_BYTES`` (:func:`windows`)."""
     row_bytes = sum(src.read(k, 0, 0, 1)[0].nbytes for k in keys) or 1
-    window = max(1, BLOCK_BYTES // row_bytes)
-    for lane in range(src.lanes):
-        kept = np.flatnonzero(keep[lane])
-        if not len(kept):
+    for lanes, t0, t1 in windows(src, row_bytes):
+        kept = keep[lanes, t0:t1]
+        if not kept.any():
             continue
-        for start in range(int(kept[0]), int(kept[-1]) + 1, window):
-            stop = min(int(kept[-1]) + 1, start + window)
-            sel = keep[lane, start:stop]
+        first = int(np.argmax(kept.any(axis=0)))  # the block's span of kept frames
+        last = t1 - t0 - int(np.argmax(kept.any(axis=0)[::-1]))
+        read = {k: src.read(k, lanes, t0 + first, t0 + last) for k in keys}
+        for i in range(kept.shape[0]):
+            sel = kept[i, first:last]
             if sel.any():
-                yield {k: src.read(k, lane, start, stop)[sel] for k in keys}
+                yield {k: v[i][sel] for k, v in read.items()}
 
 
 def episodes(blocks: Iterator[dict[str, np.ndarray]], lengths: np.ndarray) -> Iterator[dict]:
