@@ -101,11 +101,8 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         self.policy = policy if policy is not None else RandomPolicy(self.env.action_space, device)
         # a small policy on this CPU, on small observations, runs on one thread
         step_elements = self.num_envs * sum(math.prod(leaf.shape) for leaf in self.env.obs_leaves)
-        weights = (
-            sum(p.numel() for p in self.policy.parameters())
-            if isinstance(self.policy, nn.Module)
-            else 0
-        )
+        module = isinstance(self.policy, nn.Module)
+        weights = sum(p.numel() for p in self.policy.parameters()) if module else 0
         self._serial = self.device.type == "cpu" and serial(step_elements, self.num_envs * weights)
         self.env_id = self.env.env_id
         self.observation_space = self.env.observation_space
@@ -126,7 +123,6 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         self._memory = memory or (max(1, batch_buffers), frames_per_batch)
         self._obs_keys = [("observation", *leaf.key) for leaf in self.env.obs_leaves]
         self._act_keys = [("action", *leaf.key) for leaf in self.env.action_leaves]
-        self._info_keys = [("info", key) for key in self.env.info_keys]
         self._random_policy = (
             RandomPolicy(self.env.action_space, self.device, derive_seeds(seed, 1, 6)[0])
             if self.init_random_frames
@@ -284,11 +280,13 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         layout[fmt.REWARD_KEY] = ((1,), torch.float32)
         if self.max_frames_per_traj > 0:
             layout[("step_count",)] = layout[(fmt.NEXT, fmt.STEP_COUNT)] = ((1,), torch.int64)
-        for key, shape in zip(self._info_keys, self.env.info_shapes, strict=True):
+        env = self.env  # what each step reports beside the transition (StepResult.recorded)
+        states = [(fmt.STATE, leaf) for leaf in env.state_keys]
+        infos = [("info", key) for key in env.info_keys]
+        self._step_keys = [*infos, *states, *((fmt.NEXT, *k) for k in states)]
+        shapes = (*env.info_shapes, *env.state_shapes, *env.state_shapes)
+        for key, shape in zip(self._step_keys, shapes, strict=True):
             layout[key] = (tuple(shape), torch.float64)
-        for keys, shape in zip(*self._state_keys(), strict=True):
-            for key in keys:  # state/<leaf> and next/state/<leaf>
-                layout[key] = (tuple(shape), torch.float64)
         layout[fmt.TRAJ_KEY] = ((), torch.int64)
         layout[fmt.MASK_KEY] = ((), torch.bool)
         held, run_batch = self._memory
@@ -297,15 +295,6 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         buf = {key: torch.zeros(steps, n, *shape, dtype=dt) for key, (shape, dt) in layout.items()}
         buf[fmt.MASK_KEY].fill_(True)
         return TensorDict(buf, batch_size=[steps, n])  # time-major: see __init__
-
-    def _state_keys(self, by_side: bool = False):
-        """record.state's frame keys: per leaf ``(state/<leaf>, next/state/<leaf>)``
-        and the leaves' shapes; ``by_side``: ``((state keys), (next/state keys))``."""
-        leaves = self.env.state_keys
-        pairs = [((fmt.STATE, leaf), (fmt.NEXT, fmt.STATE, leaf)) for leaf in leaves]
-        if by_side:
-            return ([p[0] for p in pairs], [p[1] for p in pairs]), self.env.state_shapes
-        return pairs, self.env.state_shapes
 
     def _leaf_dtype(self, key: tuple[str, ...]) -> np.dtype:
         return self.env.action_leaves[self._act_keys.index(key)].dtype
@@ -349,10 +338,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         act_idx, extra_views, traj = bv.act_idx, bv.extras, bv.traj
         n_done = bv.done[..., 0]  # [steps, lanes] view of [steps, lanes, 1]: a row is an index
         out_views = [dst for _, dst in policy_views]
-        info_views = [v[k] for k in self._info_keys]
-        (state_keys, next_state_keys), _ = self._state_keys(by_side=True)
-        state_views = [v[k] for k in state_keys]
-        next_state_views = [v[k] for k in next_state_keys]
+        step_views = [v[k] for k in self._step_keys]
         limit, act, env = self.max_frames_per_traj, self._act, self.env
         if limit > 0:
             count, next_count = v[(fmt.STEP_COUNT,)][..., 0], v[(fmt.NEXT, fmt.STEP_COUNT)][..., 0]
@@ -385,11 +371,7 @@ class SyncCollector(DevicePathMixin, CollectorBase):
                 raise
             except Exception as exc:
                 raise env_error(env.env_id, exc) from exc
-            for dst, src in zip(info_views, step.info or (), strict=True):
-                dst[t] = src
-            for dst, src in zip(state_views, step.state or (), strict=True):
-                dst[t] = src
-            for dst, src in zip(next_state_views, step.next_state or (), strict=True):
+            for dst, src in zip(step_views, step.recorded(), strict=True):
                 dst[t] = src
             terminated, truncated = row.terminated, row.truncated
             if limit > 0:

@@ -31,6 +31,11 @@ class StepResult:
     state: list[np.ndarray] | None = None
     next_state: list[np.ndarray] | None = None
 
+    def recorded(self) -> list[np.ndarray]:
+        """What the step reports beside the transition, in the collector's order:
+        info entries, then the state's leaves, then the next state's."""
+        return [*(self.info or ()), *(self.state or ()), *(self.next_state or ())]
+
 
 class VecEnv(ABC):
     """``num_envs`` copies of one environment, stepped as a batch, auto-resetting."""

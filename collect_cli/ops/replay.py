@@ -50,7 +50,7 @@ KINDS = ("next_observation", "reward", "terminated")
 Setter = Callable[[Any, dict[str, np.ndarray]], None]  # (env, a transition's state) -> None
 
 
-def _setter(env_id: str, keys: set[str]) -> tuple[Setter, list[str]]:
+def state_setter(env_id: str, keys: set[str]) -> tuple[Setter, list[str]]:
     """How to put the env into a transition's state, and the frame keys it reads:
     the recorded state where the dataset has one, else the observation rebuilt."""
     name = env_id.rpartition(":")[2]
@@ -96,7 +96,7 @@ def replay(path, samples: int | None = None, seed: int = 0) -> Replay:
     ds = open_dataset(path)
     meta = ds.meta
     env_id = str(meta.get("env_id"))
-    setter, state_keys = _setter(env_id, {k for k, _, _ in ds.describe()})
+    setter, state_keys = state_setter(env_id, {k for k, _, _ in ds.describe()})
     if (meta.get("postproc") or {}).get("name", "none") != "none":
         raise UsageError("cannot replay n-step transitions (postproc=multistep): 1-step only")
     config = yaml.safe_load(meta.get("config") or "") or {}

@@ -36,7 +36,7 @@ from collect_cli import dataformat as fmt
 from collect_cli.dataset import Dataset, open_dataset
 from collect_cli.errors import DatasetError, UsageError
 from collect_cli.ops.replay import MUJOCO_REBUILD, REBUILD
-from collect_cli.ops.replay import _setter as replay_setter
+from collect_cli.ops.replay import state_setter as replay_setter
 from collect_cli.ops.summary import episode_rows
 from collect_cli.report import video
 

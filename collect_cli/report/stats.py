@@ -76,19 +76,23 @@ class Stats:
         }
 
 
-def dataset_stats(path: str | Path, refs: tuple[float, float] | None = None) -> Stats:
+def dataset_stats(
+    path: str | Path, refs: tuple[float, float] | None = None, frames: bool = True
+) -> Stats:
     """Read the dataset at ``path`` once and return the numbers behind its report;
-    ``refs``: reference scores for the normalised score (else the dataset's own)."""
+    ``refs``: reference scores for the normalised score (else the dataset's own);
+    ``frames``: the per-frame numbers too (the plots'; a card needs only the
+    summary, from the metadata and the episodes table)."""
     ds = open_dataset(path)
     try:
-        return _stats(ds, refs)
+        return _stats(ds, refs, frames)
     except (OSError, KeyError, ValueError, RuntimeError) as exc:
         raise DatasetError(
             f"cannot read {str(path)!r} ({exc}); `rlcollect validate {path}` says what is wrong"
         ) from None
 
 
-def _stats(ds: Dataset, refs: tuple[float, float] | None) -> Stats:
+def _stats(ds: Dataset, refs: tuple[float, float] | None, frames: bool = True) -> Stats:
     meta = ds.meta
     rows = episode_rows(ds)
     count = len(rows["traj_id"])
@@ -124,6 +128,8 @@ def _stats(ds: Dataset, refs: tuple[float, float] | None) -> Stats:
     )
     if not meta.get("frames"):
         notes.append(f"{ds.path.name} holds no committed frames yet: nothing to plot")
+        return stats
+    if not frames:
         return stats
     try:
         src = Source(ds)

@@ -184,9 +184,11 @@ def test_html_page_two_datasets(datasets, tmp_path):
     assert json.loads(res.stdout)["path"] == str(out)
     assert not list(tmp_path.glob(".page.html*")), "a temporary file was left behind"
     page = Page(out.read_text())
-    assert page.sections == ["summary", "episodes", "actions", "observations", "padding"]
-    assert len(page.images) == 5
-    for src in page.images:
+    assert page.sections == ["summary", "episodes", "actions", "observations", "clips", "padding"]
+    pngs = [src for src in page.images if src.startswith("data:image/png;base64,")]
+    assert len(pngs) == 5  # the figures; the clips: the best and worst episode of each, GIF
+    assert len(page.images) - len(pngs) == 4
+    for src in pngs:
         prefix = "data:image/png;base64,"
         assert src.startswith(prefix)
         decode_png(base64.b64decode(src[len(prefix) :], validate=True))
