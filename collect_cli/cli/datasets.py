@@ -110,7 +110,8 @@ def validate(
     return EXIT_OK
 
 
-_EXPORT_HELP = """Export a dataset (.h5 file or memmap dir) to D4RL, Minari or Hugging Face.
+_EXPORT_HELP = """Export a dataset (.h5 file or memmap dir) to D4RL, Minari, Hugging Face
+or LeRobot.
 
 \b
 d4rl:    one HDF5 file: observations actions rewards next_observations
@@ -124,10 +125,15 @@ hf:      Parquet, one row per episode (observations actions rewards dones
          terminals timeouts infos.*) in DIR/data/, the card in DIR/README.md:
          datasets.load_dataset("parquet", data_dir=DIR) (pip install
          'rlcollect\\[export]').
+lerobot: a LeRobot v3.0 dataset dir: LeRobotDataset(repo_id, root=DIR).
+         observation.state (Dict leaves: observation.<key>), HxWx3 uint8
+         images as MP4 video (--images: PNG), action, next.reward,
+         next.done/terminated/truncated; --fps (default: the env's
+         render_fps, else 30) (pip install 'rlcollect\\[export]').
 \b
 Episodes are contiguous (lane by lane, in time order); padding is never
 exported. An episode cut by the end of the run (or by a kill) ends with
-a timeout (Minari: a truncation) at its last step; --drop-incomplete
+a timeout (Minari, LeRobot: a truncation) at its last step; --drop-incomplete
 leaves such episodes out. A running or interrupted dataset exports its
 committed frames. The stdout line is a JSON summary. Exit codes: 0 done,
 1 runtime failure or a dataset failing validation, 2 bad usage.
@@ -138,9 +144,10 @@ committed frames. The stdout line is a JSON summary. Exit codes: 0 done,
 @guarded
 def export(
     path: DatasetPath,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="d4rl, minari or hf.")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="d4rl, minari, hf or lerobot.")],
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="d4rl: the .hdf5 file; minari, hf: the dataset dir.")
+        Path,
+        typer.Option("--out", "-o", help="d4rl: the .hdf5 file; minari, hf, lerobot: the dir."),
     ],
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an existing --out.")
@@ -154,6 +161,13 @@ def export(
     dataset_id: Annotated[
         str | None,
         typer.Option("--dataset-id", help="minari: the id (default: the last 2 parts of --out)."),
+    ] = None,
+    images: Annotated[
+        bool, typer.Option("--images", help="lerobot: images as PNG (lossless), not MP4 video.")
+    ] = False,
+    fps: Annotated[
+        int | None,
+        typer.Option("--fps", help="lerobot: frames per second (default: the env's, else 30)."),
     ] = None,
 ) -> int:
     from collect_cli.dataformat import COMPLETE
@@ -176,6 +190,8 @@ def export(
         compression=compression,
         dataset_id=dataset_id,
         readme=readme if fmt == "hf" else None,
+        images=images,
+        fps=fps,
     )
     if result.source_status != COMPLETE:
         fate = "dropped" if drop_incomplete else f"ending with a {result.incomplete}"

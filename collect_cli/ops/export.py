@@ -1,5 +1,5 @@
-"""Export a dataset to the flat D4RL HDF5 layout, a Minari dataset, or Hugging Face
-Parquet (``export_hf.py``).
+"""Export a dataset to the flat D4RL HDF5 layout, a Minari dataset, Hugging Face
+Parquet (``export_hf.py``) or a LeRobot v3.0 dataset (``export_lerobot.py``).
 
 Both formats export the same frames in the same order: every valid, committed
 frame (``collector/mask`` True, within its lane's committed steps), lane by
@@ -45,6 +45,9 @@ from collect_cli.dataset.ownership import (
 )
 from collect_cli.errors import DatasetError, UsageError, WriteError
 from collect_cli.ops.export_hf import is_hf_export, require_pyarrow, write_hf
+from collect_cli.ops.export_lerobot import INCOMPLETE as LEROBOT_END
+from collect_cli.ops.export_lerobot import is_lerobot_export, write_lerobot
+from collect_cli.ops.export_lerobot import require as require_lerobot
 from collect_cli.ops.frames import (
     BLOCK_BYTES,
     INCOMPLETE_END,
@@ -60,7 +63,8 @@ from collect_cli.policies import provenance
 
 log = logging.getLogger("rlcollect")
 
-FORMATS = ("d4rl", "minari", "hf")
+FORMATS = ("d4rl", "minari", "hf", "lerobot")
+ENDS = {**INCOMPLETE_END, "lerobot": LEROBOT_END}  # how an incomplete episode ends
 COMPRESSIONS = ("none", "gzip", "lzf")
 MINARI_INSTALL = "pip install 'rlcollect[export]'"
 CHUNK_BYTES = 512 << 10  # D4RL output chunks
@@ -95,9 +99,12 @@ def export(
     compression: str = "none",
     dataset_id: str | None = None,
     readme: Callable[[], str] | None = None,
+    images: bool = False,
+    fps: int | None = None,
 ) -> ExportResult:
-    """Export the dataset at ``source`` as ``fmt`` (``d4rl`` | ``minari`` | ``hf``) to
-    ``out``; ``readme``: makes the hf export's card (README.md), once the checks passed."""
+    """Export the dataset at ``source`` as ``fmt`` (``d4rl`` | ``minari`` | ``hf`` |
+    ``lerobot``) to ``out``; ``readme``: makes the hf export's card (README.md), once
+    the checks passed; ``images`` (PNG, not video) and ``fps``: lerobot's."""
     from collect_cli.ops.validate import validate
 
     source, out = Path(source), Path(out)
@@ -114,7 +121,11 @@ def export(
         dataset_id, root = minari_location(out, dataset_id)
     elif dataset_id is not None:
         raise UsageError("--dataset-id applies to --format minari only")
+    if fmt != "lerobot" and (images or fps is not None):
+        raise UsageError("--images and --fps apply to --format lerobot only")
     ds = open_dataset(source)
+    if fmt == "lerobot":
+        require_lerobot(ds, images, fps)
     postproc = ds.meta.get("postproc") or {}
     if postproc.get("name", "none") != "none":
         raise UsageError(
@@ -142,6 +153,8 @@ def export(
                 _write_d4rl(src, plan, tmp, compression)
             elif fmt == "hf":
                 write_hf(src, plan, tmp, readme() if readme else None)
+            elif fmt == "lerobot":
+                extra = write_lerobot(src, plan, tmp, images=images, fps=fps)
             else:
                 _write_minari(src, plan, tmp, dataset_id)
                 extra = {"dataset_id": dataset_id, "minari_datasets_path": str(root)}
@@ -162,7 +175,7 @@ def export(
         episodes=len(plan.starts),
         frames=plan.frames,
         incomplete_episodes=plan.incomplete,
-        incomplete="dropped" if drop_incomplete else INCOMPLETE_END[fmt],
+        incomplete="dropped" if drop_incomplete else ENDS[fmt],
         extra=extra,
     )
 
@@ -211,6 +224,11 @@ def _check_out(source: Path, out: Path, fmt: str, overwrite: bool):
         return check_destination(
             out, overwrite=overwrite, inputs=[source], kind="an hf export", replaceable=is_hf_export
         )
+    if fmt == "lerobot":
+        return check_destination(
+            out, overwrite=overwrite, inputs=[source], kind="a LeRobot dataset",
+            replaceable=is_lerobot_export,
+        )  # fmt: skip
 
     def minari_dir(path: Path) -> bool:
         meta = path / "data" / "metadata.json"
