@@ -179,7 +179,7 @@ def export(
         from collect_cli.report.card import render_card
         from collect_cli.report.stats import dataset_stats
 
-        return render_card(path, dataset_stats(path), out.absolute())
+        return render_card(path, dataset_stats(path, frames=False), out.absolute())
 
     result = export_dataset(
         path,
@@ -282,7 +282,8 @@ _REPORT_HELP = """See datasets: one self-contained HTML page of plots (or PNG fi
 Sections: summary table (one column per dataset), episode return and length
 histograms, return against episode order, per-dimension distributions of
 actions and observations (a sample of frames), image frames of one episode,
-padding/mask statistics and per-lane counts. Several PATHs are overlaid, one
+clips of the best and the worst episode, padding/mask statistics and per-lane
+counts. Several PATHs are overlaid, one
 colour each. Needs matplotlib (pip install 'rlcollect\\[report]') except --json.
 Exit codes: 0 done, 1 unreadable dataset, 2 bad usage or missing dataset.
 """
@@ -360,7 +361,8 @@ def card(
 
     refs = _references(ref_min, ref_max, path)
     if out is None:
-        print(render_card(path, dataset_stats(path, refs), Path.cwd(), license_id), end="")
+        stats = dataset_stats(path, refs, frames=False)  # the card shows no per-frame plot
+        print(render_card(path, stats, Path.cwd(), license_id), end="")
         return EXIT_OK
     from collect_cli.report.html import write_atomic
 
@@ -368,7 +370,8 @@ def card(
         replaces = check_destination(
             out, overwrite=overwrite, inputs=[path], kind="a card", replaceable=is_card
         )
-        text = render_card(path, dataset_stats(path, refs), out.absolute().parent, license_id)
+        stats = dataset_stats(path, refs, frames=False)
+        text = render_card(path, stats, out.absolute().parent, license_id)
         write_atomic(out, text.encode("utf-8"), replaces)
     return EXIT_OK
 

@@ -25,7 +25,7 @@ from collect_cli.errors import UsageError
 from collect_cli.ops.frames import INCOMPLETE_END, Plan, Source, blocks, d4rl_name
 
 INSTALL = "pip install 'rlcollect[export]'"
-ROW_GROUP_BYTES = 64 << 20  # frames buffered before a row group is written
+ROW_GROUP_BYTES = 8 << 20  # frames buffered before a row group is written (peak RSS)
 SHARD_BYTES = 512 << 20  # frames per Parquet file, about
 CORE = ("observations", "actions", "rewards")  # the first columns, then FLAGS
 FLAGS = ("dones", "terminals", "timeouts")
