@@ -178,7 +178,7 @@ IDENTITY = ("format_version", "backend")  # metadata every dataset carries: it i
 # datasets differing in MEANING (a missing key: its default) never merge
 MEANING = {"postproc": {"name": "none"}, "split_trajs": False, "reset_when_done": True}
 STREAM_KEYS = (*MEANING, "reset_at_each_iter", "max_frames_per_traj", "init_random_frames")
-STREAM_KEYS += ("exploration_type", "info_keys")
+STREAM_KEYS += ("exploration_type", "info_keys", "record_state")
 REQUIRED_META = ("format_version", "status", "frames", "steps", "episodes", "lanes", "env_id")
 LANE_STEPS = "lane_steps"
 # where the data came from: the policy's checkpoint (name, size, sha256, algorithm...)

@@ -129,7 +129,11 @@ def _stats(ds: Dataset, refs: tuple[float, float] | None, frames: bool = True) -
     if not meta.get("frames"):
         notes.append(f"{ds.path.name} holds no committed frames yet: nothing to plot")
         return stats
-    if not frames:
+    if not frames:  # the schema at least: a card of a damaged dataset is refused
+        stored = {key for key, _, _ in ds.describe()}
+        for key in fmt.REQUIRED_FRAME_KEYS:
+            if not any(k == key or k.startswith(key + "/") for k in stored):
+                raise KeyError(key)
         return stats
     try:
         src = Source(ds)

@@ -123,12 +123,16 @@ class ForkServer:
 _SERVER: ForkServer | None = None
 
 
+_SERVER_LOCK = threading.Lock()  # two threads' first run_cli would start two servers
+
+
 def server() -> ForkServer:
     """This test process's fork server (started on first use)."""
     global _SERVER
-    if _SERVER is None:
-        _SERVER = ForkServer(Path(tempfile.mkdtemp()), ["env=Pendulum", "progress=none"])
-        atexit.register(_SERVER.close)
+    with _SERVER_LOCK:
+        if _SERVER is None:
+            _SERVER = ForkServer(Path(tempfile.mkdtemp()), ["env=Pendulum", "progress=none"])
+            atexit.register(_SERVER.close)
     return _SERVER
 
 
