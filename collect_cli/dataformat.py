@@ -341,6 +341,7 @@ def cut_points(rows: Rows, mask: np.ndarray, ends: np.ndarray) -> tuple[np.ndarr
 # true final state at an episode's end); MuJoCo's qpos and qvel, classic control's
 # unwrapped.state as state/values
 STATE, QPOS, QVEL, STATE_VALUES = "state", "qpos", "qvel", "values"
+RESET_SEED = "reset_seed"  # state/reset_seed: the seed of the reset the episode began with
 
 
 # -- observation layouts ---------------------------------------------------------------

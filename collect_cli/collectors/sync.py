@@ -280,13 +280,10 @@ class SyncCollector(DevicePathMixin, CollectorBase):
         layout[fmt.REWARD_KEY] = ((1,), torch.float32)
         if self.max_frames_per_traj > 0:
             layout[("step_count",)] = layout[(fmt.NEXT, fmt.STEP_COUNT)] = ((1,), torch.int64)
-        env = self.env  # what each step reports beside the transition (StepResult.recorded)
-        states = [(fmt.STATE, leaf) for leaf in env.state_keys]
-        infos = [("info", key) for key in env.info_keys]
-        self._step_keys = [*infos, *states, *((fmt.NEXT, *k) for k in states)]
-        shapes = (*env.info_shapes, *env.state_shapes, *env.state_shapes)
-        for key, shape in zip(self._step_keys, shapes, strict=True):
-            layout[key] = (tuple(shape), torch.float64)
+        recorded = self.env.recorded_specs()  # what a step reports beside the transition
+        self._step_keys = [key for key, _, _ in recorded]
+        for key, shape, dt in recorded:
+            layout[key] = (tuple(shape), torch_dtype(dt))
         layout[fmt.TRAJ_KEY] = ((), torch.int64)
         layout[fmt.MASK_KEY] = ((), torch.bool)
         held, run_batch = self._memory

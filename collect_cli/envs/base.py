@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from gymnasium import spaces
 
+from collect_cli import dataformat as fmt
 from collect_cli import specs
 
 
@@ -26,8 +27,8 @@ class StepResult:
     terminated: np.ndarray
     truncated: np.ndarray
     info: list[np.ndarray] | None = None  # one float64 array per ``info_keys`` entry
-    # record.state: float64 arrays per ``state_keys`` leaf: s_t, and s_{t+1} (the final
-    # state where the episode ended, before the reset)
+    # record.state: arrays per ``state_keys`` leaf: s_t, and s_{t+1} (the final state
+    # where the episode ended, before the reset)
     state: list[np.ndarray] | None = None
     next_state: list[np.ndarray] | None = None
 
@@ -54,11 +55,22 @@ class VecEnv(ABC):
     info_shapes: tuple[tuple[int, ...], ...] = ()  # per info key, known after reset
     state_keys: tuple[str, ...] = ()  # record.state: the state's leaves (state/<leaf>)
     state_shapes: tuple[tuple[int, ...], ...] = ()  # per state leaf, known after reset
+    state_dtypes: tuple[np.dtype, ...] = ()  # ...and its dtype (float64, the seed int64)
 
     def _init_leaves(self) -> None:
         self.obs_leaves = specs.leaves(self.observation_space, "observation space")
         # a policy's actions are tensors: Text is recorded as an observation only
         self.action_leaves = specs.leaves(self.action_space, "action space", text=False)
+
+    def recorded_specs(self) -> list[tuple[tuple[str, ...], tuple[int, ...], np.dtype]]:
+        """``(frame key, shape, dtype)`` of what each step reports beside the transition,
+        in :meth:`StepResult.recorded`'s order (known after a reset)."""
+        states = [(fmt.STATE, k) for k in self.state_keys]
+        keys = [*(("info", k) for k in self.info_keys), *states, *((fmt.NEXT, *k) for k in states)]
+        shapes = (*self.info_shapes, *self.state_shapes, *self.state_shapes)
+        floats = [np.dtype(np.float64)] * len(self.info_keys)
+        dtypes = (*floats, *self.state_dtypes, *self.state_dtypes)
+        return list(zip(keys, shapes, dtypes, strict=True))
 
     @abstractmethod
     def reset(self, seeds: list[int]) -> list[np.ndarray]:

@@ -96,6 +96,8 @@ class GymnasiumVecEnv(VecEnv):
         self._obs = self._empty_obs()
         self.record_state = state
         self._state: list[np.ndarray] = []
+        self._seeds = np.zeros(num_envs, np.int64)  # each lane's episode's reset seed
+        self._rngs: list[np.random.Generator | None] = [None] * num_envs
 
     def _state_of(self, env: gym.Env) -> list[np.ndarray]:
         """The simulator state of one env: MuJoCo's qpos and qvel in full (the x
@@ -112,16 +114,38 @@ class GymnasiumVecEnv(VecEnv):
         )
 
     def _put_state(self, arrays: list[np.ndarray], lane: int) -> None:
-        for dst, src in zip(arrays, self._state_of(self._envs[lane]), strict=True):
+        """One lane's state leaves, then the seed of the reset its episode began with."""
+        leaves = [*self._state_of(self._envs[lane]), self._seeds[lane]]
+        for dst, src in zip(arrays, leaves, strict=True):
             dst[lane] = src
+
+    def _seeded(self, lanes: Any, seeds: Any) -> None:
+        """record.state: ``lanes`` were reset with ``seeds``; each lane's later resets
+        take seeds drawn from a generator of its own, seeded from it."""
+        for lane, seed in zip(lanes, seeds, strict=True):
+            self._seeds[int(lane)] = int(seed)
+            self._rngs[int(lane)] = np.random.default_rng(int(seed))
+
+    def _autoreset(self, lane: int, env: gym.Env) -> Any:
+        """Reset an ended episode; under record.state with a recorded seed."""
+        if not self.record_state:
+            return env.reset()[0]
+        seed = int(self._rngs[lane].integers(2**31))
+        self._seeds[lane] = seed
+        return env.reset(seed=seed)[0]
 
     def _start_states(self) -> None:
         """Each lane's state after a reset of all (and the state leaves, from lane 0)."""
-        first = self._state_of(self._envs[0])
-        mujoco = len(first) == 2
-        self.state_keys = (fmt.QPOS, fmt.QVEL) if mujoco else (fmt.STATE_VALUES,)
-        self.state_shapes = tuple(a.shape for a in first)
-        self._state = [np.empty((self.num_envs, *a.shape), np.float64) for a in first]
+        first = [*self._state_of(self._envs[0]), self._seeds[0]]
+        mujoco = len(first) == 3
+        leaves = (fmt.QPOS, fmt.QVEL) if mujoco else (fmt.STATE_VALUES,)
+        self.state_keys = (*leaves, fmt.RESET_SEED)
+        self.state_shapes = tuple(np.shape(a) for a in first)
+        self.state_dtypes = tuple(np.asarray(a).dtype for a in first)
+        self._state = [
+            np.empty((self.num_envs, *shape), dtype)
+            for shape, dtype in zip(self.state_shapes, self.state_dtypes, strict=True)
+        ]
         for lane in range(self.num_envs):
             self._put_state(self._state, lane)
 
@@ -151,6 +175,7 @@ class GymnasiumVecEnv(VecEnv):
                 )
         self._obs = obs
         if self.record_state:
+            self._seeded(range(self.num_envs), seeds)
             self._start_states()
         return obs
 
@@ -160,6 +185,7 @@ class GymnasiumVecEnv(VecEnv):
             self._put(obs, int(lane), self._envs[int(lane)].reset(seed=int(seed))[0])
         self._obs = obs
         if self.record_state:
+            self._seeded(lanes, seeds)
             self._state = [a.copy() for a in self._state]
             for lane in lanes:
                 self._put_state(self._state, int(lane))
@@ -220,7 +246,7 @@ class GymnasiumVecEnv(VecEnv):
                 if next_state is not None:
                     self._put_state(next_state, lane)  # the final state, before a reset
                 if terminated[lane] or truncated[lane]:
-                    resets.append((lane, env.reset()[0]))
+                    resets.append((lane, self._autoreset(lane, env)))
         obs = next_obs
         if resets:
             obs = [a.copy() for a in next_obs]

@@ -185,3 +185,21 @@ def test_halfcheetah_rerendered_from_its_states_equals_what_collection_rendered(
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     err = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
     return float("inf") if err == 0 else 10 * np.log10(255.0**2 / err)
+
+
+def test_each_episode_records_the_seed_its_reset_took(tmp_path):
+    """``state/reset_seed``: a fresh env reset with an episode's seed starts it from the
+    recorded first observation; the seed holds over the whole episode."""
+    import gymnasium as gym
+
+    out = collect(tmp_path, "env=CartPole", "env.num_envs=2", "total_frames=600")
+    ds = open_dataset(out)
+    seeds, obs, rows = ds.array("state/reset_seed"), ds.array(fmt.OBSERVATION), ds.episodes()
+    assert seeds.dtype == np.int64 and len(rows["traj_id"]) > 10
+    env = gym.make("CartPole-v1")
+    for lane, start, length in zip(rows["lane"], rows["start"], rows["length"], strict=True):
+        mine = seeds[lane, start : start + length]
+        assert (mine == mine[0]).all()
+        first, _ = env.reset(seed=int(mine[0]))
+        np.testing.assert_array_equal(first, obs[lane, start])
+    assert len(np.unique(seeds[ds.array(fmt.MASK).astype(bool)])) == len(rows["traj_id"])

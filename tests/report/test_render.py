@@ -357,7 +357,8 @@ def reference(path: Path, row: int, env_id: str, kwargs: dict, put) -> list[np.n
     import gymnasium as gym
 
     ds = open_dataset(path)
-    keys = sorted(k for k, _, _ in ds.describe() if k.split("/")[0] == fmt.STATE)
+    seed = fmt.path((fmt.STATE, fmt.RESET_SEED))  # not drawn: which reset began the episode
+    keys = sorted(k for k, _, _ in ds.describe() if k.split("/")[0] == fmt.STATE and k != seed)
     values = [recorded(path, row, key) for key in keys or [fmt.OBSERVATION]]
     env = gym.make(env_id, render_mode="rgb_array", **kwargs)
     env.reset(seed=0)
