@@ -127,9 +127,11 @@ hf:      Parquet, one row per episode (observations actions rewards dones
          'rlcollect\\[export]').
 lerobot: a LeRobot v3.0 dataset dir: LeRobotDataset(repo_id, root=DIR).
          observation.state (Dict leaves: observation.<key>), HxWx3 uint8
-         images as MP4 video (--images: PNG), action, next.reward,
-         next.done/terminated/truncated; --fps (default: the env's
-         render_fps, else 30) (pip install 'rlcollect\\[export]').
+         images as MP4 video (--video-codec h264|av1; --images: PNG),
+         action, next.reward, next.done/terminated/truncated; a Text
+         observation (MiniGrid's mission) names each episode's task;
+         --fps (default: the env's render_fps, else 30) (pip install
+         'rlcollect\\[export]').
 \b
 Episodes are contiguous (lane by lane, in time order); padding is never
 exported. An episode cut by the end of the run (or by a kill) ends with
@@ -169,6 +171,10 @@ def export(
         int | None,
         typer.Option("--fps", help="lerobot: frames per second (default: the env's, else 30)."),
     ] = None,
+    video_codec: Annotated[
+        str | None,
+        typer.Option("--video-codec", help="lerobot: the videos' codec, h264 (default) or av1."),
+    ] = None,
 ) -> int:
     from collect_cli.dataformat import COMPLETE
     from collect_cli.ops.export import export as export_dataset
@@ -192,6 +198,7 @@ def export(
         readme=readme if fmt == "hf" else None,
         images=images,
         fps=fps,
+        video_codec=video_codec,
     )
     if result.source_status != COMPLETE:
         fate = "dropped" if drop_incomplete else f"ending with a {result.incomplete}"

@@ -101,10 +101,12 @@ def export(
     readme: Callable[[], str] | None = None,
     images: bool = False,
     fps: int | None = None,
+    video_codec: str | None = None,
 ) -> ExportResult:
     """Export the dataset at ``source`` as ``fmt`` (``d4rl`` | ``minari`` | ``hf`` |
     ``lerobot``) to ``out``; ``readme``: makes the hf export's card (README.md), once
-    the checks passed; ``images`` (PNG, not video) and ``fps``: lerobot's."""
+    the checks passed; ``images`` (PNG, not video), ``fps`` and ``video_codec`` (``h264``
+    | ``av1``; None: h264): lerobot's."""
     from collect_cli.ops.validate import validate
 
     source, out = Path(source), Path(out)
@@ -121,11 +123,11 @@ def export(
         dataset_id, root = minari_location(out, dataset_id)
     elif dataset_id is not None:
         raise UsageError("--dataset-id applies to --format minari only")
-    if fmt != "lerobot" and (images or fps is not None):
-        raise UsageError("--images and --fps apply to --format lerobot only")
+    if fmt != "lerobot" and (images or fps is not None or video_codec is not None):
+        raise UsageError("--images, --fps and --video-codec apply to --format lerobot only")
     ds = open_dataset(source)
     if fmt == "lerobot":
-        require_lerobot(ds, images, fps)
+        require_lerobot(ds, images, fps, video_codec)
     postproc = ds.meta.get("postproc") or {}
     if postproc.get("name", "none") != "none":
         raise UsageError(
@@ -154,7 +156,7 @@ def export(
             elif fmt == "hf":
                 write_hf(src, plan, tmp, readme() if readme else None)
             elif fmt == "lerobot":
-                extra = write_lerobot(src, plan, tmp, images=images, fps=fps)
+                extra = write_lerobot(src, plan, tmp, images=images, fps=fps, codec=video_codec)
             else:
                 _write_minari(src, plan, tmp, dataset_id)
                 extra = {"dataset_id": dataset_id, "minari_datasets_path": str(root)}

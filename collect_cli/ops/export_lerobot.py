@@ -29,10 +29,8 @@ group, not by the dataset or an episode.
 from __future__ import annotations
 
 import importlib
-import io
 import json
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -43,20 +41,28 @@ from collect_cli import dataformat as fmt
 from collect_cli.errors import UsageError
 from collect_cli.ops.frames import REWARD, Plan, Source, blocks, d4rl_name
 from collect_cli.ops.lerobot_stats import Moments, Totals
+from collect_cli.ops.lerobot_video import (
+    CHUNKS_SIZE,
+    CODECS,
+    DEFAULT_CODEC,
+    VIDEO_PATH,
+    Video,
+    check_encoder,
+    check_pictures,
+    is_picture,
+    png,
+)
 
 INSTALL = "pip install 'rlcollect[export]'"
 INCOMPLETE = "truncation"  # how an exported incomplete episode ends
 CODEBASE_VERSION = "v3.0"
-CHUNKS_SIZE = 1000  # files per chunk folder
 DATA_FILE_MB = 100  # LeRobot's defaults: a new file once one holds about this many MiB
 VIDEO_FILE_MB = 200
 ROW_GROUP_BYTES = 8 << 20  # frame bytes buffered before a row group is written
 EPISODE_ROWS = 1000  # episodes per row group of meta/episodes
 DEFAULT_FPS = 30
-CODEC, CRF, GOP = "libx264", 18, 2  # a key frame every 2 frames: quick random access
 CHUNK = "chunk-{chunk_index:03d}/file-{file_index:03d}"
 DATA_PATH = "data/" + CHUNK + ".parquet"
-VIDEO_PATH = "videos/{video_key}/" + CHUNK + ".mp4"
 EPISODES_PATH = "meta/episodes/" + CHUNK + ".parquet"
 INDEX = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 FLAGS = ("next.done", "next.terminated", "next.truncated")
@@ -92,11 +98,6 @@ class Column:
         return value if self.shape == (1,) else pa.list_(value, self.width)
 
 
-def is_picture(shape: tuple[int, ...], dtype: np.dtype) -> bool:
-    """An observation exported as a picture (video or PNG): ``HxWx3`` uint8."""
-    return np.dtype(dtype) == np.uint8 and len(shape) == 3 and shape[2] == 3
-
-
 def is_lerobot_export(path: Path) -> bool:
     """A LeRobot dataset folder (what ``--overwrite`` may replace), or an empty one."""
     if not path.is_dir():
@@ -108,20 +109,32 @@ def is_lerobot_export(path: Path) -> bool:
         return not any(path.iterdir())
 
 
-def require(ds, images: bool, fps: int | None) -> None:
-    """What the export needs here: pyarrow; PyAV for videos, Pillow for PNG."""
+def require(ds, images: bool, fps: int | None, codec: str | None = None) -> None:
+    """What the export needs here: pyarrow; PyAV with the encoder for videos, Pillow
+    for PNG; ``--images``/``--video-codec`` only where there are pictures, not both."""
     if fps is not None and fps < 1:
         raise UsageError(f"--fps {fps}: give a positive whole number of frames per second")
-    needs = ["pyarrow.parquet"]
-    if any(k.startswith(fmt.OBSERVATION) and is_picture(s[2:], d) for k, s, d in ds.describe()):
-        needs.append("PIL.Image" if images else "av")
+    head = fmt.OBSERVATION + "/"
+    pictures = [
+        tuple(s[2:])
+        for k, s, d in ds.describe()
+        if (k == fmt.OBSERVATION or k.startswith(head)) and is_picture(s[2:], d)
+    ]
+    needs = ["pyarrow.parquet", *check_pictures(pictures, images, codec)]
     for module in needs:
         try:
             importlib.import_module(module)
         except ImportError as exc:
             raise UsageError(f"--format lerobot needs {module} ({exc}): {INSTALL}") from None
-    if "av" in needs and CODEC not in importlib.import_module("av").codecs_available:
-        raise UsageError(f"this PyAV has no {CODEC} encoder for the videos: pass --images (PNG)")
+    if "av" in needs:
+        check_encoder(codec)
+
+
+def mission_key(meta: dict[str, Any]) -> str | None:
+    """The observation's Text leaf whose first value an episode names as its task
+    (MiniGrid's ``observation/mission``; the first by name where there are several)."""
+    keys = sorted(fmt.path(k) for k in fmt.text_keys(meta) if k[0] == fmt.OBSERVATION)
+    return keys[0] if keys else None
 
 
 def columns(src: Source, images: bool) -> list[Column]:
@@ -180,69 +193,6 @@ def env_fps(meta: dict[str, Any]) -> int | None:
     return round(fps) if fps >= 1 else None
 
 
-class Video:
-    """One video feature's MP4 files: H.264 at ``fps``, ``yuv420p`` (``yuv444p`` where a
-    side is odd, which 4:2:0 cannot hold), no B-frames: frame ``i`` of a file shows at
-    ``i / fps`` s."""
-
-    def __init__(self, av, root: Path, name: str, shape: tuple[int, ...], fps: int):
-        self.av, self.root, self.name, self.shape, self.fps = av, root, name, shape, fps
-        height, width = shape[:2]
-        self.pix_fmt = "yuv420p" if height % 2 == 0 and width % 2 == 0 else "yuv444p"
-        self.number, self.container, self.stream = 0, None, None
-        self.frames = self.bytes = 0
-
-    @property
-    def where(self) -> tuple[int, int]:
-        return divmod(self.number, CHUNKS_SIZE)
-
-    def add(self, frames: np.ndarray) -> None:
-        if self.container is None:
-            chunk, file = self.where
-            named = VIDEO_PATH.format(video_key=self.name, chunk_index=chunk, file_index=file)
-            path = self.root / named
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.container = self.av.open(str(path), "w")
-            self.stream = self.container.add_stream(CODEC, rate=self.fps)
-            self.stream.height, self.stream.width = self.shape[:2]
-            self.stream.pix_fmt = self.pix_fmt
-            self.stream.time_base = Fraction(1, self.fps)
-            self.stream.options = {"crf": str(CRF), "g": str(GOP), "bf": "0"}
-        for image in frames:
-            frame = self.av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-            frame.pts = self.frames
-            self.frames += 1
-            self._mux(self.stream.encode(frame))
-
-    def _mux(self, packets) -> None:
-        for packet in packets:
-            self.bytes += packet.size
-            self.container.mux(packet)
-
-    def next(self, force: bool = False) -> None:
-        """Close the file once it holds ``VIDEO_FILE_MB`` (``force``: in any case)."""
-        if self.container is not None and (force or self.bytes >= VIDEO_FILE_MB << 20):
-            self._mux(self.stream.encode())
-            self.container.close()
-            self.container, self.number, self.frames, self.bytes = None, self.number + 1, 0, 0
-
-    def info(self) -> dict[str, Any]:
-        height, width = self.shape[:2]
-        return {
-            "video.height": height, "video.width": width, "video.codec": "h264",
-            "video.pix_fmt": self.pix_fmt, "video.is_depth_map": False, "video.fps": self.fps,
-            "video.channels": 3, "has_audio": False,
-        }  # fmt: skip
-
-
-def png(frame: np.ndarray) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(frame)).save(buffer, format="PNG", compress_level=6)
-    return buffer.getvalue()
-
-
 class Files:
     """A table written as numbered Parquet files (``template``), a new one by ``next``."""
 
@@ -274,17 +224,25 @@ class Files:
 class Writer:
     """The files of one export, written as the frames stream past in export order."""
 
-    def __init__(self, root: Path, cols: list[Column], plan: Plan, fps: int, task: str):
+    def __init__(
+        self, root: Path, cols: list[Column], plan: Plan, fps: int, task: str, codec: str,
+        mission: str | None = None,
+    ):  # fmt: skip
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         self.pa, self.cols, self.plan, self.fps, self.task = pa, cols, plan, fps, task
+        self.mission = mission  # the key of each episode's task, else ``task`` for all
+        self.tasks: dict[str, int] = {} if mission else {task: 0}  # task -> task_index
+        self.task_index = 0  # the current episode's
         schema = pa.schema([(c.name, c.arrow_type(pa)) for c in cols if c.kind != "video"])
         self.data = Files(pq, root, DATA_PATH, schema)
         self.episodes = Files(pq, root, EPISODES_PATH)
         videos = [c for c in cols if c.kind == "video"]
         av = importlib.import_module("av") if videos else None
-        self.videos = {c.name: Video(av, root, c.name, c.shape, fps) for c in videos}
+        self.videos = {c.name: Video(av, root, c.name, c.shape, fps, codec) for c in videos}
+        for video in self.videos.values():
+            video.file_mb = VIDEO_FILE_MB
         self.ends = plan.starts + plan.lengths
         self.pos = self.episode = 0  # the next frame, and its episode
         self.moments = self._moments(0)
@@ -319,12 +277,16 @@ class Writer:
         plan, at = self.plan, self.pos
         first = at - int(plan.starts[self.episode])
         offsets = np.arange(first, first + n)
+        if first == 0 and self.mission is not None:  # the episode's task: its first mission
+            said = part[self.mission].reshape(n)[0]
+            text = said.decode("utf-8") if isinstance(said, bytes) else str(said)
+            self.task_index = self.tasks.setdefault(text, len(self.tasks))
         terminated, truncated = plan.terminals[at : at + n], plan.timeouts[at : at + n]
         made = {
             "next.done": terminated | truncated, "next.terminated": terminated,
             "next.truncated": truncated, "timestamp": offsets / self.fps, "frame_index": offsets,
             "episode_index": np.full(n, self.episode), "index": np.arange(at, at + n),
-            "task_index": np.zeros(n, np.int64),
+            "task_index": np.full(n, self.task_index, np.int64),
         }  # fmt: skip
         rows: dict[str, Any] = {}
         for col in self.cols:
@@ -364,7 +326,7 @@ class Writer:
         start, length = int(plan.starts[e]), int(plan.lengths[e])
         (chunk, file), (meta_chunk, meta_file) = self.data.where, self.episodes.where
         row: dict[str, Any] = {
-            "episode_index": e, "tasks": [self.task], "length": length,
+            "episode_index": e, "tasks": [self._task()], "length": length,
             "data/chunk_index": chunk, "data/file_index": file,
             "dataset_from_index": start, "dataset_to_index": start + length,
         }  # fmt: skip
@@ -392,6 +354,9 @@ class Writer:
             video.next()
         self.episode += 1
         self.moments = self._moments(self.episode)
+
+    def _task(self) -> str:
+        return next(t for t, i in self.tasks.items() if i == self.task_index)
 
     def _write_rows(self) -> None:
         table = self.pa.Table.from_pylist(self.rows)
@@ -429,7 +394,13 @@ def _arrow(pa, col: Column, values: Any):
 
 
 def write_lerobot(
-    src: Source, plan: Plan, path: Path, *, images: bool = False, fps: int | None = None
+    src: Source,
+    plan: Plan,
+    path: Path,
+    *,
+    images: bool = False,
+    fps: int | None = None,
+    codec: str | None = None,
 ) -> dict[str, Any]:
     """Write the export into the new folder ``path``; what the summary adds."""
     import pyarrow as pa
@@ -443,8 +414,11 @@ def write_lerobot(
     task = str(described or meta.get("env_id") or "rlcollect")
     cols = columns(src, images)
     path.mkdir()
-    writer = Writer(path, cols, plan, rate, task)
-    for block in blocks(src, sorted({c.key for c in cols if c.key is not None}), plan.keep):
+    codec = codec or DEFAULT_CODEC
+    mission = mission_key(meta)
+    writer = Writer(path, cols, plan, rate, task, codec, mission)
+    keys = {c.key for c in cols if c.key is not None} | ({mission} if mission else set())
+    for block in blocks(src, sorted(keys), plan.keep):
         writer.add(block)
     stats = writer.close()
     features = {c.name: c.feature() for c in cols}
@@ -453,7 +427,7 @@ def write_lerobot(
     episodes, get = len(plan.starts), meta.get
     info = {
         "codebase_version": CODEBASE_VERSION, "robot_type": None, "total_episodes": episodes,
-        "total_frames": plan.frames, "total_tasks": 1, "chunks_size": CHUNKS_SIZE,
+        "total_frames": plan.frames, "total_tasks": len(writer.tasks), "chunks_size": CHUNKS_SIZE,
         "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": VIDEO_FILE_MB,
         "fps": rate, "splits": {"train": f"0:{episodes}"}, "data_path": DATA_PATH,
         "video_path": VIDEO_PATH if writer.videos else None, "features": features,
@@ -466,7 +440,10 @@ def write_lerobot(
         "incomplete": "dropped" if plan.dropped else INCOMPLETE,
         "episode_order": "lane, then time", "fps": rate, "fps_from": rate_from,
         "features": {c.name: c.key for c in cols if c.key is not None},
-        "video": {"codec": CODEC, "crf": CRF, "gop": GOP} if writer.videos else None,
+        "video": {"codec": codec, "encoder": CODECS[codec][0], "options": CODECS[codec][1]}
+        if writer.videos
+        else None,
+        "tasks_from": mission or "dataset.description, else env_id",
         "observation_space": get("observation_space"), "action_space": get("action_space"),
         "config": get("config"), "provenance": get("provenance"),
         fmt.SOURCES: fmt.sources(meta),  # an episode's rlcollect/source: its row
@@ -478,7 +455,19 @@ def write_lerobot(
     pandas = {"index_columns": ["task"], "column_indexes": [], "pandas_version": "2.0.0",
               "columns": [{"name": n, "field_name": n, "pandas_type": t, "numpy_type": d,
                            "metadata": None} for n, t, d in columns_]}  # fmt: skip
-    tasks = pa.table({"task_index": pa.array([0], pa.int64()), "task": pa.array([task])})
+    named = list(writer.tasks)  # in task_index order
+    tasks = pa.table(
+        {
+            "task_index": pa.array(range(len(named)), pa.int64()),
+            "task": pa.array(named, pa.string()),
+        }
+    )
     tasks = tasks.replace_schema_metadata({b"pandas": json.dumps(pandas).encode()})
     pq.write_table(tasks, path / "meta" / "tasks.parquet")
-    return {"fps": rate, "fps_from": rate_from, "task": task}
+    found_tasks = {"task": named[0]} if len(named) == 1 else {"tasks": len(named)}
+    return {
+        "fps": rate,
+        "fps_from": rate_from,
+        **found_tasks,
+        "video_codec": codec if writer.videos else None,
+    }

@@ -379,3 +379,88 @@ def test_stats_match_numpy_over_the_frames_streamed_in_pieces():
     np.testing.assert_allclose(pooled["mean"], vectors.mean(0))
     np.testing.assert_allclose(pooled["std"], vectors.std(0))
     assert pooled["count"] == [300]
+
+
+# -- video codecs, bad requests, MiniGrid missions as tasks ------------------------------
+
+
+def test_av1_videos_load_and_decode(pixels, reader_python, tmp_path):
+    dest = tmp_path / "lerobot"
+    args = ("-f", "lerobot", "-o", str(dest), "--video-codec", "av1")
+    res = run_cli("export", str(pixels), *args, cwd=tmp_path)
+    assert res.code == 0, res.stderr
+    assert json.loads(res.stdout)["video_codec"] == "av1"
+    info = json.loads((dest / "meta" / "info.json").read_text())
+    video = info["features"]["observation.image"]["info"]
+    assert (video["video.codec"], video["video.pix_fmt"]) == ("av1", "yuv420p")
+    record = json.loads((dest / "meta" / "rlcollect.json").read_text())
+    assert record["video"]["encoder"] == "libsvtav1"
+    import av
+
+    with av.open(str(next((dest / "videos").rglob("*.mp4")))) as container:
+        assert container.streams.video[0].codec_context.name in ("libdav1d", "av1", "libaom-av1")
+    native = frames_of(pixels)
+    items = image_items(native)
+    got = read(reader_python, dest, items, tmp_path)
+    assert got["features"]["observation.image"] == {"dtype": "video", "shape": [64, 64, 3]}
+    worst = min(
+        psnr(pixels_of(got["items"][str(i)], "observation.image"), native["observation"][i])
+        for i in items
+    )
+    assert worst >= 35, worst
+
+
+def test_picture_options_need_pictures_and_an_encoder(pendulum, pixels, tmp_path):
+    def refused(src: Path, *args: str, env=None) -> str:
+        out = tmp_path / "out"
+        res = run_cli("export", str(src), "-f", "lerobot", "-o", str(out), *args, env=env)
+        assert res.code == 2, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1, res.stderr
+        assert not out.exists()  # nothing written
+        return lines[0]
+
+    assert "no image observation" in refused(pendulum, "--images")
+    assert "no image observation" in refused(pendulum, "--video-codec", "av1")
+    assert "exclude each other" in refused(pixels, "--images", "--video-codec", "h264")
+    assert "unknown --video-codec 'vp9'" in refused(pixels, "--video-codec", "vp9")
+    assert "apply to --format lerobot only" in refused(pixels, "--video-codec", "av1", "-f", "hf")
+    blocker = tmp_path / "nosvt"
+    blocker.mkdir()  # a PyAV without the SVT-AV1 encoder
+    (blocker / "av.py").write_text("codecs_available = {'libx264', 'libdav1d'}\n")
+    env = {"PYTHONPATH": f"{blocker}:{SUPPORT}"}
+    said = refused(pixels, "--video-codec", "av1", env=env)
+    assert "no libsvtav1 encoder for --video-codec av1" in said
+
+
+# 2 lanes x 150 steps of MiniGrid's GoToDoor (a door's colour a mission, short episodes)
+MINIGRID = ("env=gym", "env.id=minigrid:MiniGrid-GoToDoor-5x5-v0", "env.num_envs=2")
+MINIGRID += ("total_frames=300", "frames_per_batch=150")
+
+
+def test_minigrid_missions_become_tasks(reader_python, tmp_path):
+    pytest.importorskip("minigrid")
+    src = collect(tmp_path, *MINIGRID)
+    dest = tmp_path / "lerobot"
+    res = run_cli("export", str(src), "-f", "lerobot", "-o", str(dest), cwd=tmp_path)
+    assert res.code == 0, res.stderr
+    native = native_episodes(src)
+    missions = [str(ep["observation/mission"][0]) for ep in native]
+    first_seen = list(dict.fromkeys(missions))
+    assert len(first_seen) >= 2  # the test needs more than one task
+    assert json.loads(res.stdout)["tasks"] == len(first_seen)
+    info = json.loads((dest / "meta" / "info.json").read_text())
+    assert info["total_tasks"] == len(first_seen)
+    lengths = np.array([len(ep["action"]) for ep in native])
+    starts = np.cumsum(lengths) - lengths
+    items = sorted({*starts.tolist(), *(starts + lengths - 1).tolist()})
+    got = read(reader_python, dest, items, tmp_path)
+    assert got["tasks"] == first_seen  # ds.meta.tasks, in task_index order
+    assert [r["tasks"] for r in got["episodes"]] == [[m] for m in missions]
+    episode_of = np.repeat(np.arange(len(native)), lengths)
+    for i in items:
+        item = got["items"][str(i)]
+        assert item["task"] == missions[episode_of[i]]
+        assert values(item, "task_index")[0] == first_seen.index(missions[episode_of[i]])
+        # LeRobot loads the Text leaf too, as a string feature: the frame's own mission
+        assert item["observation.mission"] == str(native[episode_of[i]]["observation/mission"][0])
