@@ -26,12 +26,17 @@ class Moments:
     def __init__(self, image: bool, length: int):
         self.image = image
         cap = IMAGE_SAMPLES if self.image else VECTOR_SAMPLES
-        self.picks = np.unique(np.linspace(0, length - 1, min(length, cap)).round().astype(int))
-        self.count, self.samples, self.hist = 0, [], np.zeros((3, 256), np.int64)
+        # every frame where the episode is short enough (most are): no selection to make
+        self.picks = None
+        if length > cap:
+            self.picks = np.unique(np.linspace(0, length - 1, cap).round().astype(int))
+        self.picked = length if self.picks is None else len(self.picks)
+        self.count, self.samples = 0, []
+        self.hist = np.zeros((3, 256), np.int64) if image else None
         self.sum = self.squares = self.low = self.high = None
 
     def add(self, values: np.ndarray, offsets: np.ndarray) -> None:
-        picked = values[np.isin(offsets, self.picks)]
+        picked = values if self.picks is None else values[np.isin(offsets, self.picks)]
         if self.image:
             pixels = picked.reshape(-1, 3)
             for c in range(3):
@@ -53,14 +58,29 @@ class Moments:
             out = _histogram_stats(self.hist, qs)
             return {
                 **{k: v.reshape(3, 1, 1) for k, v in out.items()},
-                "count": np.array([len(self.picks)]),
+                "count": np.array([self.picked]),
             }
         mean = self.sum / self.count
         std = np.sqrt(np.maximum(self.squares / self.count - mean**2, 0.0))
         out = {"min": self.low, "max": self.high, "mean": mean, "std": std}
-        found = np.quantile(np.concatenate(self.samples), qs, axis=0)
+        samples = self.samples[0] if len(self.samples) == 1 else np.concatenate(self.samples)
+        found = quantiles(samples, qs)
         out.update({f"q{q:02d}": v for q, v in zip(QUANTILES, found, strict=True)})
         return {**out, "count": np.array([self.count])}
+
+
+def quantiles(values: np.ndarray, qs: list[float]) -> list[np.ndarray]:
+    """``np.quantile(values, qs, axis=0)`` (linear interpolation), from one sort: the
+    same numbers without its per-call work (an export asks once a feature an episode)."""
+    ordered = np.sort(values, axis=0)
+    top = len(ordered) - 1
+    out = []
+    for q in qs:
+        pos = q * top
+        low = int(np.floor(pos))
+        high = min(low + 1, top)
+        out.append(ordered[low] + (pos - low) * (ordered[high] - ordered[low]))
+    return out
 
 
 def _histogram_stats(hist: np.ndarray, qs: list[float]) -> dict[str, np.ndarray]:
