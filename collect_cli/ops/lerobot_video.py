@@ -18,9 +18,10 @@ VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.m
 DEFAULT_CODEC = "h264"
 # per --video-codec: the encoder, and its options. A key frame every 2 frames (quick
 # random access), no B-frames where the encoder has them (frame i of a file shows at
-# i / fps s either way: the timestamps are the frames' own)
+# i / fps s either way: the timestamps are the frames' own). x264's veryfast preset:
+# 1.28x its default's speed on Pong at the same size (2,542 vs 1,988 frames/s measured)
 CODECS: dict[str, tuple[str, dict[str, str]]] = {
-    "h264": ("libx264", {"crf": "18", "g": "2", "bf": "0"}),
+    "h264": ("libx264", {"crf": "18", "g": "2", "bf": "0", "preset": "veryfast"}),
     "av1": ("libsvtav1", {"crf": "30", "preset": "8", "g": "2"}),
 }
 
