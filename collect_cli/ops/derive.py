@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from collect_cli import dataformat as fmt
-from collect_cli.dataset import BACKENDS
+from collect_cli.dataset import BACKENDS, locate
 from collect_cli.dataset.fsio import publish
 from collect_cli.dataset.ownership import (
     check_destination,
@@ -33,15 +33,10 @@ from collect_cli.ops.select import Conditions
 HALVES = ("train", "val")  # split's two datasets, inside its --out folder
 
 
-def _sound(path: Path) -> Shard:
-    """The input at ``path`` (its rows, with those a killed run left running)."""
-    return _load(path)
-
-
 def _copied_meta(shard: Shard, derived: dict[str, Any]) -> dict[str, Any]:
     """The metadata of a copy of some of ``shard``'s episodes: its own, with its
     sources table (an older dataset's read as one) and what made the copy."""
-    return {**shard.meta, fmt.SOURCES: fmt.sources(shard.meta), pack.DERIVED: derived}
+    return {**shard.meta, fmt.SOURCES: fmt.sources(shard.meta), fmt.DERIVED: derived}
 
 
 def _derived(op: str, inputs: list[Shard], **details: Any) -> dict[str, Any]:
@@ -60,7 +55,7 @@ def filter_dataset(
     path, dest = Path(path), Path(dest)
     with claim(dest, "rlcollect filter"):  # durability D17
         replaces = check_destination(dest, overwrite=overwrite, inputs=[path])
-        shard = _sound(path)
+        shard = _load(path)
         keep = conditions.choose(shard.rows, fmt.sources(shard.meta))
         meta = _copied_meta(shard, _derived("filter", [shard], conditions=conditions.asked()))
         result = pack.write([(shard, keep)], dest, replaces, meta, _keys(shard))
@@ -78,12 +73,12 @@ def split_dataset(
     source's in the second."""
     path, out = Path(path), Path(out)
     select.fraction(val, "--val")
-    suffix = BACKENDS[_backend(path)].suffix
+    suffix = BACKENDS[locate(path)].suffix
     with claim(out, "rlcollect split"):  # durability D17
         replaces = check_destination(
             out, overwrite=overwrite, inputs=[path], kind="a split", replaceable=is_split
         )
-        shard = _sound(path)
+        shard = _load(path)
         chosen = select.split(shard.rows, val, seed)
         halves = {"train": ~chosen, "val": chosen}
         for name, keep in halves.items():
@@ -108,12 +103,6 @@ def split_dataset(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return {"path": str(out), **results}
-
-
-def _backend(path: Path) -> str:
-    from collect_cli.dataset import locate
-
-    return locate(path)
 
 
 def is_split(path: Path) -> bool:
@@ -149,7 +138,7 @@ def take(
         raise UsageError(f"--keys {which!r}: choose from {', '.join(KEYS)}")
     with claim(dest, "rlcollect merge"):  # durability D17
         replaces = check_destination(dest, overwrite=overwrite, inputs=paths)
-        shards = [_sound(Path(p)) for p in paths]
+        shards = [_load(Path(p)) for p in paths]
         if len({s.path.resolve() for s in shards}) < len(shards):
             raise UsageError("a shard is named twice: each shard merges once")
         _check(shards, allow_incomplete)
@@ -165,7 +154,7 @@ def take(
         filled = _filled(shards, merged)
         if filled:
             meta[fmt.FILLED] = filled
-        meta[pack.DERIVED] = _derived("take", shards, fractions=list(fractions), seed=seed)
+        meta[fmt.DERIVED] = _derived("take", shards, fractions=list(fractions), seed=seed)
         offsets = [s.traj_offset for s in shards]
         result = pack.write(parts, dest, replaces, meta, merged, offsets)
     taken = [int(k.sum()) for _, k in parts]

@@ -37,7 +37,6 @@ SPAN_FACTOR, SPAN_BYTES = 4, 128 << 20
 # what a run's metadata holds that a copy recomputes or must not inherit
 RECOMPUTED = ("status", "frames", "steps", "episodes", "lanes", fmt.LANE_STEPS, "start_time")
 RECOMPUTED += ("end_time", "resumed", fmt.CODEC, fmt.LAYOUT, fmt.COMPACT_KEYS, "commit_0")
-DERIVED = fmt.DERIVED  # metadata: what made the dataset (op, inputs, conditions, seed)
 
 
 class Lanes:
